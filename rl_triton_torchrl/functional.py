@@ -1,0 +1,236 @@
+"""TorchRL's value functionals, same names, arguments, defaults and outputs, computed by our kernels.
+
+A drop-in for ``torchrl.objectives.value.functional``: replace the import and nothing else changes, except speed.
+Each function also takes a keyword-only ``backend`` (``"auto"``: Triton on CUDA, torch elsewhere; ``"triton"``;
+``"torch"``).
+
+The ``vec_*`` variants are the same exact computation as the loop ones: TorchRL's vectorised versions cut the
+discount series off below 1e-7, ours do not, so ours equal TorchRL's loop functionals to rounding and its vectorised
+ones to about 1e-7 relative. ``rolling_gamma=False`` (a per-step gamma tied to the whole remaining trajectory) is
+not a first-order recurrence: it runs TorchRL's own O(T^2) loop, for every variant.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .kernels import InputError
+from .kernels.gae import gae
+from .kernels.td_lambda import discounted_return, td_lambda_advantage, td_lambda_return
+
+__all__ = [
+    "generalized_advantage_estimate",
+    "vec_generalized_advantage_estimate",
+    "td0_advantage_estimate",
+    "td0_return_estimate",
+    "td1_return_estimate",
+    "vec_td1_return_estimate",
+    "td1_advantage_estimate",
+    "vec_td1_advantage_estimate",
+    "td_lambda_return_estimate",
+    "vec_td_lambda_return_estimate",
+    "td_lambda_advantage_estimate",
+    "vec_td_lambda_advantage_estimate",
+    "reward2go",
+]
+
+
+def generalized_advantage_estimate(
+    gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, *, time_dim=-2, backend="auto"
+):
+    """Generalized advantage estimate: ``(advantage, value_target)``.
+
+    Args:
+        gamma (float or Tensor): discount.
+        lmbda (float or Tensor): GAE lambda.
+        state_value (Tensor): ``[*B, T, *F]`` values of the observations.
+        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations.
+        reward (Tensor): ``[*B, T, *F]`` rewards.
+        done (Tensor): ``[*B, T, *F]`` bool, end of trajectory (terminated or truncated).
+        terminated (Tensor, optional): ``[*B, T, *F]`` bool, end of episode. Defaults to ``done``.
+
+    Keyword Args:
+        time_dim (int): the time dimension. Defaults to ``-2``.
+        backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.
+    """
+    return gae(reward, state_value, next_state_value, done, terminated, gamma=gamma, lmbda=lmbda, time_dim=time_dim,
+               backend=backend)
+
+
+def vec_generalized_advantage_estimate(
+    gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, *, time_dim=-2, backend="auto"
+):
+    """Same as :func:`generalized_advantage_estimate` (exact; no 1e-7 cut-off)."""
+    return generalized_advantage_estimate(gamma, lmbda, state_value, next_state_value, reward, done, terminated,
+                                          time_dim=time_dim, backend=backend)
+
+
+def td0_return_estimate(gamma, next_state_value, reward, terminated=None, *, done=None, backend="auto"):
+    """TD(0) targets ``reward + gamma * (1 - terminated) * next_state_value``.
+
+    Args:
+        gamma (float or Tensor): discount.
+        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations.
+        reward (Tensor): ``[*B, T, *F]`` rewards.
+        terminated (Tensor): ``[*B, T, *F]`` bool, end of episode.
+
+    Keyword Args:
+        done (Tensor): deprecated alias of ``terminated`` (as in TorchRL).
+        backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.
+    """
+    if done is not None and terminated is None:
+        terminated = done.clone()
+        warnings.warn("done for td0_return_estimate is deprecated. Pass ``terminated`` instead.")
+    if terminated is None:
+        raise InputError("td0_return_estimate needs terminated flags")
+    return td_lambda_return(reward, next_state_value, None, terminated, gamma=gamma, lmbda=0.0, time_dim=-2,
+                            backend=backend)
+
+
+def td0_advantage_estimate(gamma, state_value, next_state_value, reward, done, terminated=None, *, backend="auto"):
+    """TD(0) advantages ``reward + gamma * (1 - terminated) * next_state_value - state_value``."""
+    terminated = done if terminated is None else terminated
+    return td_lambda_advantage(reward, state_value, next_state_value, done, terminated, gamma=gamma, lmbda=0.0,
+                               backend=backend)
+
+
+def _torchrl_rolling(name, *args, **kwargs):
+    """rolling_gamma=False: not a first-order recurrence; TorchRL's own loop computes it."""
+    from torchrl.objectives.value import functional as trl_functional
+
+    return getattr(trl_functional, name)(*args, **kwargs)
+
+
+def td1_return_estimate(
+    gamma, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2, backend="auto"
+):
+    """TD(1) returns: discounted returns bootstrapped at truncations and at the window end.
+
+    Args:
+        gamma (float or Tensor): discount (a per-step tensor of the input shape is tied to its step).
+        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations.
+        reward (Tensor): ``[*B, T, *F]`` rewards.
+        done (Tensor): ``[*B, T, *F]`` bool, end of trajectory.
+        terminated (Tensor, optional): ``[*B, T, *F]`` bool, end of episode. Defaults to ``done``.
+        rolling_gamma (bool, optional): as in TorchRL; ``False`` runs TorchRL's loop.
+
+    Keyword Args:
+        time_dim (int): the time dimension. Defaults to ``-2``.
+        backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.
+    """
+    if rolling_gamma is False:
+        return _torchrl_rolling("td1_return_estimate", gamma, next_state_value, reward, done, terminated,
+                                rolling_gamma, time_dim=time_dim)
+    return td_lambda_return(reward, next_state_value, done, terminated, gamma=gamma, lmbda=1.0, time_dim=time_dim,
+                            done_or_terminated=True, backend=backend)
+
+
+def td1_advantage_estimate(
+    gamma, state_value, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2, *,
+    backend="auto",
+):
+    """TD(1) advantages: :func:`td1_return_estimate` minus ``state_value``."""
+    if rolling_gamma is False:
+        return _torchrl_rolling("td1_advantage_estimate", gamma, state_value, next_state_value, reward, done,
+                                terminated, rolling_gamma, time_dim)
+    return td_lambda_advantage(reward, state_value, next_state_value, done, terminated, gamma=gamma, lmbda=1.0,
+                               time_dim=time_dim, done_or_terminated=True, backend=backend)
+
+
+def vec_td1_return_estimate(
+    gamma, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2, *, backend="auto"
+):
+    """Same as :func:`td1_return_estimate` (exact; no 1e-7 cut-off)."""
+    return td1_return_estimate(gamma, next_state_value, reward, done, terminated, rolling_gamma, time_dim=time_dim,
+                               backend=backend)
+
+
+def vec_td1_advantage_estimate(
+    gamma, state_value, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2, *,
+    backend="auto",
+):
+    """Same as :func:`td1_advantage_estimate` (exact; no 1e-7 cut-off)."""
+    return td1_advantage_estimate(gamma, state_value, next_state_value, reward, done, terminated, rolling_gamma,
+                                  time_dim, backend=backend)
+
+
+def td_lambda_return_estimate(
+    gamma, lmbda, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2,
+    backend="auto",
+):
+    """TD(lambda) returns.
+
+    Args:
+        gamma (float or Tensor): discount (a per-step tensor of the input shape is tied to its step).
+        lmbda (float or Tensor): lambda, likewise.
+        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations.
+        reward (Tensor): ``[*B, T, *F]`` rewards.
+        done (Tensor): ``[*B, T, *F]`` bool, end of trajectory.
+        terminated (Tensor, optional): ``[*B, T, *F]`` bool, end of episode. Defaults to ``done``.
+        rolling_gamma (bool, optional): as in TorchRL; ``False`` runs TorchRL's loop.
+
+    Keyword Args:
+        time_dim (int): the time dimension. Defaults to ``-2``.
+        backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.
+    """
+    if rolling_gamma is False:
+        return _torchrl_rolling("td_lambda_return_estimate", gamma, lmbda, next_state_value, reward, done,
+                                terminated, rolling_gamma, time_dim=time_dim)
+    return td_lambda_return(reward, next_state_value, done, terminated, gamma=gamma, lmbda=lmbda, time_dim=time_dim,
+                            backend=backend)
+
+
+def td_lambda_advantage_estimate(
+    gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2, *,
+    backend="auto",
+):
+    """TD(lambda) advantages: :func:`td_lambda_return_estimate` minus ``state_value``."""
+    if rolling_gamma is False:
+        return _torchrl_rolling("td_lambda_advantage_estimate", gamma, lmbda, state_value, next_state_value,
+                                reward, done, terminated, rolling_gamma, time_dim)
+    return td_lambda_advantage(reward, state_value, next_state_value, done, terminated, gamma=gamma, lmbda=lmbda,
+                               time_dim=time_dim, backend=backend)
+
+
+def vec_td_lambda_return_estimate(
+    gamma, lmbda, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2,
+    backend="auto",
+):
+    """Same as :func:`td_lambda_return_estimate` (exact; no 1e-7 cut-off)."""
+    return td_lambda_return_estimate(gamma, lmbda, next_state_value, reward, done, terminated, rolling_gamma,
+                                     time_dim=time_dim, backend=backend)
+
+
+def vec_td_lambda_advantage_estimate(
+    gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2, *,
+    backend="auto",
+):
+    """Same as :func:`td_lambda_advantage_estimate` (exact; no 1e-7 cut-off)."""
+    return td_lambda_advantage_estimate(gamma, lmbda, state_value, next_state_value, reward, done, terminated,
+                                        rolling_gamma, time_dim, backend=backend)
+
+
+def reward2go(reward, done, gamma, *, time_dim=-2, backend="auto"):
+    """Discounted cumulative reward within episodes (reward-to-go), reset after each done step, no bootstrap.
+
+    Args:
+        reward (Tensor): ``[*B, T, *F]`` rewards.
+        done (Tensor): ``[*B, T, *F]`` bool, end of episode.
+        gamma (float or Tensor): discount.
+
+    Keyword Args:
+        time_dim (int): the time dimension. Defaults to ``-2``.
+        backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.
+
+    Examples:
+        >>> reward = torch.ones(1, 10)
+        >>> done = torch.zeros(1, 10, dtype=torch.bool)
+        >>> done[:, [3, 7]] = True
+        >>> reward2go(reward, done, 0.5, time_dim=-1)
+        tensor([[1.8750, 1.7500, 1.5000, 1.0000, 1.8750, 1.7500, 1.5000, 1.0000, 1.5000, 1.0000]])
+    """
+    if not isinstance(done, torch.Tensor) or not isinstance(reward, torch.Tensor) or reward.shape != done.shape:
+        raise InputError(f"reward and done must share the same shape, got {getattr(reward, 'shape', None)} and "
+                         f"{getattr(done, 'shape', None)}")
+    return discounted_return(reward, done, gamma=gamma, time_dim=time_dim, backend=backend)

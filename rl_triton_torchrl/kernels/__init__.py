@@ -1,0 +1,19 @@
+"""Triton kernels for RL credit assignment, with a plain-torch path for CPU tensors.
+
+Needs only torch and triton. Every function takes ``[*B, T, *F]`` tensors with any ``time_dim`` and a keyword-only
+``backend``: ``"auto"`` runs Triton on CUDA tensors and torch elsewhere (``$RL_TRITON_TORCHRL_BACKEND`` overrides
+it), ``"triton"`` forces the kernels (on CPU tensors only under ``TRITON_INTERPRET=1``), ``"torch"`` forces torch.
+"""
+from ._utils import InputError
+from .gae import gae
+from .scan import linear_scan
+from .td_lambda import discounted_return, td_lambda_advantage, td_lambda_return
+
+__all__ = [
+    "InputError",
+    "linear_scan",
+    "gae",
+    "td_lambda_return",
+    "td_lambda_advantage",
+    "discounted_return",
+]

@@ -1,0 +1,200 @@
+"""Input checks, layouts and backend choice shared by every algorithm.
+
+Nothing here knows an algorithm: the algorithm files describe their inputs (name, tensor, kind) and get back
+validated tensors, the time layout and the accumulation dtype.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["InputError", "Layout", "check_inputs", "check_coef", "resolve_backend", "rows_strides"]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+BACKENDS = ("auto", "triton", "torch")
+BACKEND_ENV = "RL_TRITON_TORCHRL_BACKEND"
+
+
+class InputError(ValueError, RuntimeError):
+    """A bad argument (shape, time_dim, value range).
+
+    A ``ValueError``, and also a ``RuntimeError`` because TorchRL's functionals raise ``RuntimeError`` for the same
+    mistakes: code written against either keeps working.
+    """
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Shape of the common input viewed as ``(outer, T, inner)`` around the time dimension."""
+
+    shape: torch.Size
+    time_dim: int  # non-negative
+    outer: int
+    T: int
+    inner: int
+    dtype: torch.dtype  # dtype of the float inputs and of the outputs
+    acc_dtype: torch.dtype  # float64 for float64 inputs, float32 otherwise
+    device: torch.device
+
+    @property
+    def rows(self) -> int:
+        return self.outer * self.inner
+
+    @property
+    def state_shape(self) -> torch.Size:
+        """Shape of a carried state: the input shape without its time dimension."""
+        return self.shape[: self.time_dim] + self.shape[self.time_dim + 1 :]
+
+    @property
+    def empty(self) -> bool:
+        return self.outer * self.T * self.inner == 0
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """``"auto"`` -> ``$RL_TRITON_TORCHRL_BACKEND`` if set, else ``"triton"`` on CUDA and ``"torch"`` elsewhere."""
+    if backend not in BACKENDS:
+        raise InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        env = os.environ.get(BACKEND_ENV, "").strip().lower()
+        if env and env != "auto":
+            if env not in BACKENDS:
+                raise InputError(f"${BACKEND_ENV} must be one of {BACKENDS}, got {env!r}")
+            return env
+        return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise InputError(
+            f"backend='triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 before importing triton "
+            "to run the kernels on the CPU through Triton's interpreter, or use backend='torch'"
+        )
+    return backend
+
+
+def check_coef(name: str, value, layout: Layout, *, low: float = 0.0, high: float | None = 1.0):
+    """Checks a coefficient (gamma, lmbda, ...) given as a Python number or a tensor broadcastable to the inputs.
+
+    Python numbers and CPU tensors are range-checked; CUDA tensors are not (that would synchronise the device).
+    """
+    if isinstance(value, torch.Tensor):
+        if not value.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor or a float, got a {value.dtype} tensor")
+        if value.device != layout.device and value.numel() != 1:
+            raise InputError(f"{name} is on {value.device} but the inputs are on {layout.device}")
+        try:
+            ok = torch.broadcast_shapes(value.shape, layout.shape) == layout.shape
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise InputError(f"{name} has shape {tuple(value.shape)}, which does not broadcast to the inputs' "
+                             f"shape {tuple(layout.shape)}")
+        if value.device.type == "cpu" and value.numel():
+            v = value.detach().double()
+            bad = ~torch.isfinite(v) | (v < low)
+            if high is not None:
+                bad |= v > high
+            if bad.any():
+                raise InputError(f"{name} must lie in [{low}, {high}], got a value of {v[bad].flatten()[0].item()}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float or a tensor, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        raise InputError(f"{name} must lie in [{low}, {high}], got {value}")
+    return value
+
+
+def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None = None) -> Layout:
+    """Validates the inputs of one call and returns their common layout.
+
+    Args:
+        time_dim: the time dimension of every input.
+        floats: name -> float tensor or None. All given ones share one shape, dtype and device.
+        flags: name -> bool tensor or None, of the same shape.
+        states: name -> tensor or None, of the input shape without the time dimension.
+    """
+    given = {k: v for k, v in floats.items() if v is not None}
+    if not given:
+        raise InputError(f"at least one of {tuple(floats)} must be given")
+    ref_name, ref = next(iter(given.items()))
+    for name, x in {**given, **{k: v for k, v in flags.items() if v is not None}}.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    for name, x in given.items():
+        if x.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be a floating-point tensor ({', '.join(map(str, FLOAT_DTYPES))}), "
+                            f"got {x.dtype}")
+        if x.dtype != ref.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype} but {ref_name} has {ref.dtype}: pass one float dtype")
+    for name, x in flags.items():
+        if x is not None and x.dtype != torch.bool:
+            raise TypeError(f"{name} must be a bool tensor (True where the flag is set), got {x.dtype}")
+    everything = {**given, **{k: v for k, v in flags.items() if v is not None}}
+    for name, x in everything.items():
+        if x.shape != ref.shape:
+            raise InputError(f"{name} has shape {tuple(x.shape)} but {ref_name} has {tuple(ref.shape)}: "
+                             "every input must have the same [*B, T, *F] shape")
+        if x.device != ref.device:
+            raise InputError(f"{name} is on {x.device} but {ref_name} is on {ref.device}")
+    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+        raise TypeError(f"time_dim must be an int, got {type(time_dim).__name__}")
+    ndim = ref.dim()
+    if ndim == 0:
+        raise InputError(f"{ref_name} must have a time dimension, got a 0-d tensor")
+    if not -ndim <= time_dim < ndim:
+        raise InputError(f"time_dim={time_dim} is out of range for inputs of shape {tuple(ref.shape)}")
+    td = time_dim % ndim
+    shape = ref.shape
+    layout = Layout(
+        shape=shape,
+        time_dim=td,
+        outer=math.prod(shape[:td]),
+        T=shape[td],
+        inner=math.prod(shape[td + 1 :]),
+        dtype=ref.dtype,
+        acc_dtype=torch.float64 if ref.dtype == torch.float64 else torch.float32,
+        device=ref.device,
+    )
+    for name, s in (states or {}).items():
+        if s is None:
+            continue
+        if not isinstance(s, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+        if s.shape != layout.state_shape:
+            raise InputError(f"{name} has shape {tuple(s.shape)}, expected {tuple(layout.state_shape)} "
+                             "(the input shape without its time dimension)")
+        if s.device != layout.device:
+            raise InputError(f"{name} is on {s.device} but the inputs are on {layout.device}")
+        if not s.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {s.dtype}")
+    return layout
+
+
+def _merged_stride(sizes, strides) -> int | None:
+    """Stride of the dims ``sizes`` seen as one flat dim, or None if they cannot be merged without a copy."""
+    dims = [(n, s) for n, s in zip(sizes, strides) if n != 1]
+    if not dims:
+        return 0
+    for (n0, s0), (n1, s1) in zip(dims, dims[1:]):
+        if s0 != s1 * n1:
+            return None
+    return dims[-1][1]
+
+
+def rows_strides(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """Views ``x`` (of ``layout.shape``, or broadcastable to it) as ``(outer, T, inner)``: (tensor, strides).
+
+    No copy for any layout whose outer and inner dimensions each merge into one strided dimension: contiguous,
+    time-major, sliced, or broadcast with stride 0. Anything else is copied once.
+    """
+    if x.shape != layout.shape:
+        x = x.expand(layout.shape)
+    td = layout.time_dim
+    so = _merged_stride(x.shape[:td], x.stride()[:td])
+    si = _merged_stride(x.shape[td + 1 :], x.stride()[td + 1 :])
+    if so is None or si is None:
+        x = x.contiguous()
+        return rows_strides(x, layout)
+    st = x.stride(td) if layout.T > 1 else 0
+    return x, (so, st, si)

@@ -1,0 +1,147 @@
+r"""Generalized advantage estimation (Schulman et al., 2016).
+
+.. math::
+
+    \delta_t = r_t + \gamma_t (1 - \mathrm{terminated}_t)\, V'_t - V_t, \qquad
+    A_t = \delta_t + \gamma_t \lambda_t (1 - \mathrm{done}_t)\, A_{t+1}, \qquad
+    \mathrm{value\_target}_t = A_t + V_t,
+
+a reverse scan with :math:`a_t = \gamma_t \lambda_t (1 - \mathrm{done}_t)` and :math:`b_t = \delta_t`.
+:math:`V'_t` is the value of the observation reached by step t, so a truncation (done, not terminated) bootstraps
+from it and a termination does not; ``done`` stops the recursion either way. Past the last step
+:math:`A_T` is ``initial_state`` (the advantage carried from the following segment of the same rollout) or zero.
+The same numbers as TorchRL's loop ``generalized_advantage_estimate``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._utils import check_coef, check_inputs, resolve_backend
+from .scan import (
+    _chunk_time, _row_block, from_rows_time, launch, load_coef, load_state, load_tile, new_outputs, not_flag,
+    rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
+)
+
+__all__ = ["gae"]
+
+
+def gae_coefficients(reward, state_value, next_state_value, not_done, not_terminated, gamma, lmbda):
+    """(a_t, b_t) of the GAE recurrence; plain arithmetic shared by the Triton kernel and the torch path."""
+    delta = reward + gamma * not_terminated * next_state_value - state_value
+    return gamma * lmbda * not_done, delta
+
+
+_gae_coefficients = triton.jit(gae_coefficients)
+
+
+@triton.jit
+def _gae_fwd_kernel(
+    r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, adv_ptr, vt_ptr, h0_ptr, ht_ptr,
+    gamma, lmbda, n_rows, inner, T,
+    s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i, s_nv_o, s_nv_t, s_nv_i,
+    s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+    s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i,
+    ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
+    b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)  # [BLOCK_R]
+    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    for i_c in range(n_chunks):
+        o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, True)
+        m = m_r[:, None] & m_t[None, :]
+        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)
+        b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
+        b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
+        b_a, b_b = _gae_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_l)
+        b_adv, b_h = scan_tile(b_a, b_b, b_h, m, True)
+        store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
+        store_tile(vt_ptr, b_adv + b_v, o_o, o_i, o_t, T, inner, m)
+    if STORE_FINAL_STATE:
+        tl.store(ht_ptr + o_r, b_h, mask=m_r)
+
+
+def gae(
+    reward: torch.Tensor,
+    state_value: torch.Tensor,
+    next_state_value: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor | None = None,
+    *,
+    gamma: float | torch.Tensor,
+    lmbda: float | torch.Tensor,
+    time_dim: int = -2,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+):
+    r"""Generalized advantage estimate and value target in one pass.
+
+    Args:
+        reward (Tensor): ``[*B, T, *F]`` rewards.
+        state_value (Tensor): ``[*B, T, *F]`` values :math:`V(s_t)`.
+        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations :math:`V(s_{t+1})`.
+        done (Tensor): ``[*B, T, *F]`` bool, the trajectory ends after step t (terminated or truncated).
+        terminated (Tensor, optional): ``[*B, T, *F]`` bool, the episode terminated at step t (no bootstrap).
+            Defaults to ``done``.
+
+    Keyword Args:
+        gamma (float or Tensor): discount, a number or a tensor broadcastable to the inputs (e.g. per-step
+            ``gamma ** steps_to_next_obs``).
+        lmbda (float or Tensor): GAE lambda, likewise.
+        time_dim (int): the time dimension. Defaults to ``-2``.
+        initial_state (Tensor, optional): ``[*B, *F]`` advantage :math:`A_T` carried in from the segment that
+            follows this one. Defaults to zero.
+        output_final_state (bool): also return :math:`A_0` (float32, or float64 for float64 inputs), the state to
+            pass as ``initial_state`` to the preceding segment. Defaults to ``False``.
+        backend (str): ``"auto"`` (Triton on CUDA, torch elsewhere), ``"triton"`` or ``"torch"``.
+
+    Returns:
+        ``(advantage, value_target)`` in the input shape and dtype, plus the final state if asked for.
+
+    Examples:
+        >>> reward = torch.ones(2, 4, 1)
+        >>> value = torch.zeros(2, 4, 1)
+        >>> done = torch.zeros(2, 4, 1, dtype=torch.bool)
+        >>> adv, target = gae(reward, value, value, done, gamma=0.9, lmbda=1.0)
+        >>> adv[0, :, 0]
+        tensor([3.4390, 2.7100, 1.9000, 1.0000])
+    """
+    layout = check_inputs(
+        time_dim,
+        {"reward": reward, "state_value": state_value, "next_state_value": next_state_value},
+        {"done": done, "terminated": terminated},
+        {"initial_state": initial_state},
+    )
+    gamma = check_coef("gamma", gamma, layout)
+    lmbda = check_coef("lmbda", lmbda, layout)
+    terminated = done if terminated is None else terminated
+    adv, vt = new_outputs(layout, 2)
+    if layout.empty:
+        ht = torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)
+        if initial_state is not None:
+            ht.copy_(initial_state)
+    elif resolve_backend(backend, layout.device) == "torch":
+        v = rows_time(state_value, layout)
+        b_a, b_b = gae_coefficients(
+            rows_time(reward, layout), v, rows_time(next_state_value, layout), not_flag(done, layout),
+            not_flag(terminated, layout), rows_time(gamma, layout), rows_time(lmbda, layout),
+        )
+        h, ht = torch_linear_scan(b_a, b_b, rows_state(initial_state), reverse=True)
+        adv, vt, ht = from_rows_time(h, layout), from_rows_time(h + v, layout), state_out(ht, layout)
+    else:
+        ht = launch(
+            _gae_fwd_kernel, layout,
+            inputs={"r": reward, "v": state_value, "nv": next_state_value, "d": done, "term": terminated},
+            coefs={"gamma": gamma, "lmbda": lmbda},
+            outputs={"adv": adv, "vt": vt},
+            initial_state=initial_state, output_final_state=output_final_state,
+        )
+    return (adv, vt, ht) if output_final_state else (adv, vt)

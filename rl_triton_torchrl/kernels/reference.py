@@ -1,0 +1,94 @@
+"""Float64 sequential references: the test oracle of every fast path.
+
+Plain loops over time, one step at a time, written to be read: each is the recurrence in its algorithm's module
+docstring, nothing more. Inputs are ``[*B, T, *F]`` with any ``time_dim``; outputs are float64 in the same shape.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["linear_scan_ref", "gae_ref", "td_lambda_return_ref", "discounted_return_ref"]
+
+
+def _time_last(x, shape, time_dim):
+    """float64 copy with time last; numbers become full tensors."""
+    if not isinstance(x, torch.Tensor):
+        x = torch.tensor(float(x), dtype=torch.float64)
+    return x.double().expand(shape).movedim(time_dim, -1).cpu().clone()
+
+
+def _time_back(y, time_dim):
+    return y.movedim(-1, time_dim)
+
+
+def linear_scan_ref(a, b, *, reverse=False, time_dim=-2, initial_state=None):
+    """h_t = a_t h_(t-1) + b_t (h_(t+1) with reverse); returns (h, final state)."""
+    shape, device = b.shape, b.device
+    a, b = _time_last(a, shape, time_dim), _time_last(b, shape, time_dim)
+    h = torch.empty_like(b)
+    state = torch.zeros(b.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
+    T = b.shape[-1]
+    for t in (reversed(range(T)) if reverse else range(T)):
+        state = a[..., t] * state + b[..., t]
+        h[..., t] = state
+    return _time_back(h, time_dim).to(device), state.to(device)
+
+
+def gae_ref(reward, state_value, next_state_value, done, terminated=None, *, gamma, lmbda, time_dim=-2,
+            initial_state=None):
+    """Returns (advantage, value_target, advantage at t = 0)."""
+    shape, device = reward.shape, reward.device
+    terminated = done if terminated is None else terminated
+    r, v, nv = (_time_last(x, shape, time_dim) for x in (reward, state_value, next_state_value))
+    d, term = (_time_last(x, shape, time_dim).bool() for x in (done, terminated))
+    g, lm = _time_last(gamma, shape, time_dim), _time_last(lmbda, shape, time_dim)
+    adv = torch.empty_like(r)
+    nxt = torch.zeros(r.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
+    for t in reversed(range(r.shape[-1])):
+        bootstrap = torch.where(term[..., t], 0.0, nv[..., t])
+        delta = r[..., t] + g[..., t] * bootstrap - v[..., t]
+        nxt = torch.where(d[..., t], 0.0, nxt)  # a done step starts nothing after it
+        nxt = adv[..., t] = delta + g[..., t] * lm[..., t] * nxt
+    return _time_back(adv, time_dim).to(device), _time_back(adv + v, time_dim).to(device), nxt.to(device)
+
+
+def td_lambda_return_ref(reward, next_state_value, done, terminated=None, *, gamma, lmbda, time_dim=-2,
+                         initial_state=None, done_or_terminated=False):
+    """TD(lambda) returns; returns (returns, return at t = 0).
+
+    ``next_state_value=None`` means no bootstrap at all (reward-to-go). Without ``initial_state`` the window end
+    bootstraps like a truncation. ``done_or_terminated`` treats a terminated step as done even where ``done`` is
+    not set (TorchRL's TD(1) does).
+    """
+    shape, device = reward.shape, reward.device
+    done = torch.zeros(shape, dtype=torch.bool) if done is None else done
+    terminated = done if terminated is None else terminated
+    r = _time_last(reward, shape, time_dim)
+    nv = torch.zeros_like(r) if next_state_value is None else _time_last(next_state_value, shape, time_dim)
+    d, term = (_time_last(x, shape, time_dim).bool() for x in (done, terminated))
+    if done_or_terminated:
+        d = d | term
+    g, lm = _time_last(gamma, shape, time_dim), _time_last(lmbda, shape, time_dim)
+    out = torch.empty_like(r)
+    T = r.shape[-1]
+    nxt = None if initial_state is None else initial_state.double().cpu()
+    for t in reversed(range(T)):
+        bootstrap = torch.where(term[..., t], 0.0, nv[..., t])
+        if nxt is None:  # window end without a carried return: bootstrap like a truncation
+            nxt = bootstrap
+        follow = torch.where(d[..., t], bootstrap, nxt)
+        nxt = out[..., t] = r[..., t] + g[..., t] * ((1 - lm[..., t]) * bootstrap + lm[..., t] * follow)
+    return _time_back(out, time_dim).to(device), nxt.to(device)
+
+
+def discounted_return_ref(reward, done, *, gamma, time_dim=-2):
+    """Discounted reward-to-go within episodes, no bootstrap: G_t = r_t + gamma (1 - done_t) G_(t+1)."""
+    shape, device = reward.shape, reward.device
+    r = _time_last(reward, shape, time_dim)
+    d = _time_last(done, shape, time_dim).bool()
+    g = _time_last(gamma, shape, time_dim)
+    out = torch.empty_like(r)
+    nxt = torch.zeros(r.shape[:-1], dtype=torch.float64)
+    for t in reversed(range(r.shape[-1])):
+        nxt = out[..., t] = r[..., t] + g[..., t] * torch.where(d[..., t], 0.0, nxt)
+    return _time_back(out, time_dim).to(device)

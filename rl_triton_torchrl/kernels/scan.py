@@ -1,0 +1,377 @@
+r"""The one scan core: first-order linear recurrences along time.
+
+Every estimator in this package is
+
+.. math::
+
+    h_t = a_t \, h_{t+1} + b_t \quad \text{(reverse in time)} \qquad\text{or}\qquad
+    h_t = a_t \, h_{t-1} + b_t \quad \text{(forward)},
+
+with the state just outside the sequence (:math:`h_T`, resp. :math:`h_{-1}`) given as ``initial_state`` or zero.
+Each step is the affine map :math:`f_t(h) = a_t h + b_t`; composing two maps is again affine,
+
+.. math:: (a_2, b_2) \circ (a_1, b_1) = (a_2 a_1,\; a_2 b_1 + b_2),
+
+and associative, so the whole sequence is one associative scan (``_affine_combine``) of depth O(log T).
+
+Kernels tile a ``[BLOCK_R, BLOCK_T]`` block of (row, time) and scan it in registers; sequences longer than
+``BLOCK_T`` are walked chunk by chunk in scan order, the last state of one chunk entering the next. Any
+``[*B, T, *F]`` input with any ``time_dim`` is addressed by strides as ``(outer, T, inner)``: row ``r`` is
+``(r // inner, r % inner)``. Offsets are int64.
+
+Algorithm kernels reuse ``_row_block``, ``_chunk_time``, ``_tile_ptrs`` and ``scan_tile``; this file also has the
+generic kernel (``linear_scan``: coefficients given as tensors) and the plain-torch scan used on the CPU.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ._utils import Layout, check_inputs, resolve_backend, rows_strides
+
+__all__ = ["linear_scan", "torch_linear_scan", "launch_config"]
+
+# Largest time tile. Longer sequences loop over chunks of this size. Tests lower it to exercise the chunk loop.
+MAX_BLOCK_T = 1024
+# Elements per program tile (rows * time).
+TILE_ELEMENTS = 2048
+# Debugging aid (the tests turn it on): fill every output with NaN before a kernel writes it, so that an element
+# the kernel forgets to write cannot pass as a plausible number.
+POISON_OUTPUTS = False
+
+
+@triton.jit
+def _affine_combine(a_l, b_l, a_r, b_r):
+    # `l` comes first in scan order, `r` after it: apply l, then r.
+    return a_r * a_l, a_r * b_l + b_r
+
+
+@triton.jit
+def _row_block(n_rows, inner, BLOCK_R: tl.constexpr):
+    """Rows of this program: (outer index, inner index, row ids, row mask), all [BLOCK_R], int64."""
+    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    return o_r // inner, o_r % inner, o_r, o_r < n_rows
+
+
+@triton.jit
+def _chunk_time(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
+    """Time indices [BLOCK_T] (int64) and their mask of the i_c-th chunk visited in scan order."""
+    if REVERSE:
+        t0 = (n_chunks - 1 - i_c) * BLOCK_T
+    else:
+        t0 = i_c * BLOCK_T
+    o_t = t0.to(tl.int64) + tl.arange(0, BLOCK_T)
+    return o_t, o_t < T
+
+
+@triton.jit
+def _tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i):
+    """Pointers [BLOCK_R, BLOCK_T] of a tensor viewed as (outer, T, inner) with strides (s_o, s_t, s_i)."""
+    return base + (o_o * s_o + o_i * s_i)[:, None] + o_t[None, :] * s_t
+
+
+@triton.jit
+def load_tile(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr):
+    """Loads a [BLOCK_R, BLOCK_T] tile of any dtype (bool flags included) as ACC; masked elements read 0."""
+    return tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i), mask=m, other=0).to(ACC)
+
+
+@triton.jit
+def load_coef(base, value, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr, IS_TENSOR: tl.constexpr):
+    """A coefficient such as gamma: a tile of a tensor if IS_TENSOR, else the scalar ``value``."""
+    if IS_TENSOR:
+        return load_tile(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC)
+    else:
+        return value
+
+
+@triton.jit
+def store_tile(base, b_x, o_o, o_i, o_t, T, inner, m):
+    """Stores a tile into a contiguous output of shape (outer, T, inner), casting to its dtype."""
+    tl.store(_tile_ptrs(base, o_o, o_i, o_t, T * inner, inner, 1), b_x.to(base.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def load_state(h0_ptr, o_r, m_r, ACC: tl.constexpr, BLOCK_R: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr):
+    """The state [BLOCK_R] entering the sequence: loaded, or zero."""
+    if HAS_INITIAL_STATE:
+        return tl.load(h0_ptr + o_r, mask=m_r, other=0.0).to(ACC)
+    else:
+        return tl.zeros([BLOCK_R], dtype=ACC)
+
+
+@triton.jit
+def edge_column(b_h, REVERSE: tl.constexpr):
+    """The column [BLOCK_R] of a tile that is last in scan order: column 0 if REVERSE, else the last one."""
+    o_c = tl.arange(0, b_h.shape[1])
+    if REVERSE:
+        m_last = o_c == 0
+    else:
+        m_last = o_c == b_h.shape[1] - 1
+    return tl.sum(tl.where(m_last[None, :], b_h, 0.0), axis=1)
+
+
+@triton.jit
+def scan_tile(b_a, b_b, b_h0, m, REVERSE: tl.constexpr):
+    """Scans one [BLOCK_R, BLOCK_T] tile of coefficients, entering with state b_h0 [BLOCK_R].
+
+    Masked elements act as the identity (a = 1, b = 0), so a partial tile passes the state through.
+    Returns the states h [BLOCK_R, BLOCK_T] and the state leaving the tile [BLOCK_R].
+    """
+    b_a = tl.where(m, b_a, 1.0)
+    b_b = tl.where(m, b_b, 0.0)
+    b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine, reverse=REVERSE)
+    b_h = b_A * b_h0[:, None] + b_B
+    return b_h, edge_column(b_h, REVERSE)
+
+
+@triton.jit
+def _linear_scan_fwd_kernel(
+    a_ptr, b_ptr, h_ptr, h0_ptr, ht_ptr,
+    n_rows, inner, T,
+    s_a_o, s_a_t, s_a_i, s_b_o, s_b_t, s_b_i,
+    ACC: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
+    b_h0 = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)  # [BLOCK_R]
+    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    for i_c in range(n_chunks):
+        o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, REVERSE)
+        m = m_r[:, None] & m_t[None, :]
+        b_a = load_tile(a_ptr, o_o, o_i, o_t, s_a_o, s_a_t, s_a_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_b = load_tile(b_ptr, o_o, o_i, o_t, s_b_o, s_b_t, s_b_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_h, b_h0 = scan_tile(b_a, b_b, b_h0, m, REVERSE)
+        store_tile(h_ptr, b_h, o_o, o_i, o_t, T, inner, m)
+    if STORE_FINAL_STATE:
+        tl.store(ht_ptr + o_r, b_h0, mask=m_r)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def launch_config(layout: Layout) -> dict:
+    """Tile sizes and grid for a launch over ``layout``: whole T in one tile up to ``MAX_BLOCK_T``."""
+    block_t = min(max(_pow2(layout.T), 2), MAX_BLOCK_T)
+    block_r = max(1, min(_pow2(layout.rows), max(1, TILE_ELEMENTS // block_t)))
+    return {
+        "grid": (triton.cdiv(layout.rows, block_r),),
+        "BLOCK_R": block_r,
+        "BLOCK_T": block_t,
+        "num_warps": 4,
+    }
+
+
+def triton_dtype(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def new_outputs(layout: Layout, n: int) -> list[torch.Tensor]:
+    """``n`` contiguous output tensors of the input shape and dtype (strides ``(T * inner, inner, 1)``)."""
+    new = torch.full if POISON_OUTPUTS else torch.empty
+    fill = (float("nan"),) if POISON_OUTPUTS else ()
+    return [new(layout.shape, *fill, dtype=layout.dtype, device=layout.device) for _ in range(n)]
+
+
+def state_buffers(layout: Layout, initial_state, output_final_state: bool):
+    """(initial state as a contiguous [rows] tensor or None, final-state output [rows] or None)."""
+    h0 = None if initial_state is None else initial_state.reshape(-1).contiguous()
+    ht = None
+    if output_final_state:
+        ht = torch.full((layout.rows,), float("nan") if POISON_OUTPUTS else 0.0, dtype=layout.acc_dtype,
+                        device=layout.device)
+    return h0, ht
+
+
+def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict | None = None,
+           initial_state=None, output_final_state: bool = False, **constexprs):
+    """Launches an algorithm kernel over ``layout``; returns the final-state buffer (or None).
+
+    Kernel parameters follow one naming scheme, so every algorithm shares this launcher:
+    ``{x}_ptr, s_{x}_o, s_{x}_t, s_{x}_i`` for an input ``x`` (any strides); ``{y}_ptr`` for an output (contiguous);
+    ``{c}, {c}_ptr, s_{c}_o, s_{c}_t, s_{c}_i`` and constexpr ``{C}_TENSOR`` for a coefficient given as a number or
+    a broadcastable tensor; ``h0_ptr, ht_ptr, HAS_INITIAL_STATE, STORE_FINAL_STATE`` for the states;
+    ``n_rows, inner, T, ACC, BLOCK_R, BLOCK_T``.
+    """
+    kwargs = {}
+    for name, x in inputs.items():
+        x, (so, st, si) = rows_strides(x, layout)
+        kwargs.update({f"{name}_ptr": x, f"s_{name}_o": so, f"s_{name}_t": st, f"s_{name}_i": si})
+    for name, c in (coefs or {}).items():
+        if not isinstance(c, torch.Tensor) and layout.acc_dtype == torch.float64:
+            # Triton passes Python floats as float32: keep float64 exact by reading the value from memory.
+            c = torch.full((), c, dtype=torch.float64, device=layout.device)
+        if isinstance(c, torch.Tensor):
+            c, (so, st, si) = rows_strides(c.to(layout.device), layout)
+            kwargs.update({name: 0.0, f"{name}_ptr": c, f"{name.upper()}_TENSOR": True})
+        else:
+            so = st = si = 0
+            kwargs.update({name: c, f"{name}_ptr": None, f"{name.upper()}_TENSOR": False})
+        kwargs.update({f"s_{name}_o": so, f"s_{name}_t": st, f"s_{name}_i": si})
+    for name, y in outputs.items():
+        kwargs[f"{name}_ptr"] = y
+    h0, ht = state_buffers(layout, initial_state, output_final_state)
+    cfg = launch_config(layout)
+    kernel[cfg["grid"]](
+        **kwargs, h0_ptr=h0, ht_ptr=ht, HAS_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=output_final_state,
+        n_rows=layout.rows, inner=layout.inner, T=layout.T, ACC=triton_dtype(layout.acc_dtype),
+        BLOCK_R=cfg["BLOCK_R"], BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"], **constexprs,
+    )
+    return None if ht is None else ht.reshape(layout.state_shape)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plain-torch path (CPU): the same recurrence, exact, in O(sqrt T) vectorised steps.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None, reverse: bool = False):
+    """Scans ``h_t = a_t h_(t-1) + b_t`` (or ``h_(t+1)`` with ``reverse``) along the last dimension of ``[R, T]``.
+
+    Two levels: the sequence is cut into ~sqrt(T) chunks; a sequential loop over chunk positions scans every chunk
+    at once (vectorised over rows and chunks), a second loop carries the state across chunks, and one fused update
+    adds each chunk's entering state. 2*sqrt(T) small vectorised steps instead of T.
+
+    Args:
+        a, b: ``[R, T]`` tensors of one floating dtype (broadcastable to each other).
+        h0: ``[R]`` state entering the sequence, or None for zero.
+        reverse: scan from ``T - 1`` down to 0.
+
+    Returns:
+        (h ``[R, T]``, final state ``[R]``).
+    """
+    a, b = torch.broadcast_tensors(a, b)
+    if reverse:
+        a, b = a.flip(-1), b.flip(-1)
+    R, T = b.shape
+    C = max(1, math.isqrt(T))
+    K = -(-T // C)
+    # [C, R, K]: position within the chunk first, so that each step of the loop reads contiguous memory.
+    # Padding past T is the identity step (a = 1, b = 0).
+    a_c = _chunked(a, K, C, 1.0)
+    b_c = _chunked(b, K, C, 0.0)
+    # within-chunk inclusive scans from a zero state (b_c) and running products of a (a_c), in place
+    for j in range(1, C):
+        torch.addcmul(b_c[j], a_c[j], b_c[j - 1], out=b_c[j])
+        torch.mul(a_c[j], a_c[j - 1], out=a_c[j])
+    # states entering each chunk, carried sequentially across the K chunks
+    enter = torch.empty((R, K), dtype=b.dtype, device=b.device)
+    h = h0.to(b.dtype) if h0 is not None else torch.zeros(R, dtype=b.dtype, device=b.device)
+    for k in range(K):
+        enter[:, k] = h
+        h = torch.addcmul(b_c[C - 1, :, k], a_c[C - 1, :, k], h)
+    out = torch.addcmul(b_c, a_c, enter)  # [C, R, K]
+    out = out.permute(1, 2, 0).reshape(R, K * C)[:, :T]
+    if reverse:
+        out = out.flip(-1)
+    return out, h
+
+
+def _chunked(x: torch.Tensor, K: int, C: int, fill: float) -> torch.Tensor:
+    """[R, T] -> a fresh contiguous [C, R, K], the end padded with ``fill`` up to K * C steps."""
+    pad = K * C - x.shape[-1]
+    out = torch.empty((C, x.shape[0], K), dtype=x.dtype, device=x.device)
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad), value=fill)
+    out.copy_(x.view(x.shape[0], K, C).permute(2, 0, 1))
+    return out
+
+
+def time_last(x, layout: Layout):
+    """An input as ``[*R, T]`` in the accumulation dtype (a view when no cast is needed)."""
+    if x is None or not isinstance(x, torch.Tensor):
+        return x
+    if x.shape != layout.shape:
+        x = x.expand(layout.shape)
+    x = x.movedim(layout.time_dim, -1)
+    return x.to(layout.acc_dtype) if x.is_floating_point() else x
+
+
+def rows_time(x, layout: Layout):
+    """An input as ``[R, T]`` (rows = every non-time index) in the accumulation dtype; floats pass through."""
+    x = time_last(x, layout)
+    return x.reshape(-1, layout.T) if isinstance(x, torch.Tensor) else x
+
+
+def from_rows_time(y: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """The inverse of ``rows_time`` for an output: ``layout.shape``, contiguous, in the input dtype."""
+    lead = layout.shape[: layout.time_dim] + layout.shape[layout.time_dim + 1 :]
+    return y.reshape(*lead, layout.T).movedim(-1, layout.time_dim).to(layout.dtype).contiguous()
+
+
+def rows_state(initial_state):
+    return None if initial_state is None else initial_state.reshape(-1)
+
+
+def not_flag(x, layout: Layout):
+    """``1 - flag`` as ``[R, T]`` in the accumulation dtype (the float form the coefficient functions take)."""
+    return (~rows_time(x, layout)).to(layout.acc_dtype)
+
+
+def state_out(h: torch.Tensor, layout: Layout) -> torch.Tensor:
+    return h.reshape(layout.state_shape).to(layout.acc_dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public generic scan
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def linear_scan(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    reverse: bool = False,
+    time_dim: int = -2,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+):
+    r"""Solves :math:`h_t = a_t h_{t\mp1} + b_t` for given coefficient tensors.
+
+    Args:
+        a (Tensor): ``[*B, T, *F]`` multipliers.
+        b (Tensor): ``[*B, T, *F]`` offsets, same shape and dtype as ``a``.
+
+    Keyword Args:
+        reverse (bool): scan from the last step to the first (``h_t`` depends on ``h_(t+1)``). Defaults to ``False``.
+        time_dim (int): the time dimension. Defaults to ``-2``.
+        initial_state (Tensor, optional): ``[*B, *F]`` state entering the sequence (``h_(-1)``, or ``h_T`` when
+            ``reverse``). Defaults to zero.
+        output_final_state (bool): also return the state leaving the sequence (``h_(T-1)``, or ``h_0`` when
+            ``reverse``), in the accumulation dtype. Defaults to ``False``.
+        backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.
+
+    Returns:
+        ``h`` of the input shape and dtype, and the final state if asked for.
+
+    Examples:
+        >>> a = torch.full((2, 5, 1), 0.5)
+        >>> b = torch.ones(2, 5, 1)
+        >>> linear_scan(a, b, reverse=True)[0, :, 0]
+        tensor([1.9375, 1.8750, 1.7500, 1.5000, 1.0000])
+    """
+    layout = check_inputs(time_dim, {"a": a, "b": b}, {}, {"initial_state": initial_state})
+    backend = resolve_backend(backend, layout.device)
+    if layout.empty:
+        h = torch.empty(layout.shape, dtype=layout.dtype, device=layout.device)
+        return (h, _empty_state(layout, initial_state)) if output_final_state else h
+    if backend == "torch":
+        hs, ht = torch_linear_scan(rows_time(a, layout), rows_time(b, layout), rows_state(initial_state), reverse)
+        h = from_rows_time(hs, layout)
+        return (h, state_out(ht, layout)) if output_final_state else h
+    (h,) = new_outputs(layout, 1)
+    ht = launch(_linear_scan_fwd_kernel, layout, inputs={"a": a, "b": b}, outputs={"h": h},
+                initial_state=initial_state, output_final_state=output_final_state, REVERSE=reverse)
+    return (h, ht) if output_final_state else h
+
+
+def _empty_state(layout: Layout, initial_state):
+    if initial_state is not None:
+        return initial_state.to(layout.acc_dtype).clone()
+    return torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)

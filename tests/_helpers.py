@@ -1,0 +1,65 @@
+"""Shared test utilities: random rollouts, tolerances, and comparisons that name the first mismatch."""
+from __future__ import annotations
+
+import torch
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+BACKENDS = ("torch", "triton")
+# (rtol, atol) of a fast path against the float64 reference, by input dtype. Half-precision outputs are rounded
+# to their dtype, so they carry its epsilon; accumulation is always float32 or better.
+TOL = {
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-5, 1e-4),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+    torch.float16: (2e-3, 2e-3),
+}
+PATTERNS = ("none", "all", "random", "trunc_last")
+
+
+def assert_close(name: str, actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None):
+    """Asserts |actual - expected| <= atol + rtol |expected| elementwise; NaN never passes unless expected."""
+    dtype = dtype or actual.dtype
+    rtol, atol = TOL[dtype]
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    bad = ~((a - e).abs() <= atol + rtol * e.abs())
+    bad &= ~(a.isnan() & e.isnan())
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(
+            f"{name}: {int(bad.sum())} of {bad.numel()} elements differ; first at {idx}: got {a[idx].item()!r}, "
+            f"expected {e[idx].item()!r} (rtol={rtol}, atol={atol})"
+        )
+
+
+def flags(shape, pattern: str, generator: torch.Generator, time_dim: int = -2):
+    """(done, terminated) bool tensors: every done is terminated or truncated.
+
+    none: no flags; all: every step done (half terminated); random: ~10% terminated, ~10% truncated;
+    trunc_last: random, plus a truncation at the last step of every row.
+    """
+    if pattern == "none":
+        term = torch.zeros(shape, dtype=torch.bool)
+        trunc = torch.zeros(shape, dtype=torch.bool)
+    elif pattern == "all":
+        term = torch.rand(shape, generator=generator) < 0.5
+        trunc = ~term
+    else:
+        term = torch.rand(shape, generator=generator) < 0.1
+        trunc = (torch.rand(shape, generator=generator) < 0.1) & ~term
+        if pattern == "trunc_last":
+            last = [slice(None)] * len(shape)
+            last[time_dim] = -1
+            term[tuple(last)] = False
+            trunc[tuple(last)] = True
+    return (term | trunc).to(DEVICE), term.to(DEVICE)
+
+
+def randn(shape, generator, dtype=torch.float32):
+    return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype).to(DEVICE)
+
+
+def case_id(shape, time_dim, pattern="", extra=""):
+    s = "x".join(map(str, shape)) if shape else "scalar"
+    parts = [f"S{s}", f"tdim{time_dim}"] + [p for p in (pattern, extra) if p]
+    return "-".join(parts)
