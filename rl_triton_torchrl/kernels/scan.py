@@ -286,6 +286,8 @@ def time_last(x, layout: Layout):
     """An input as ``[*R, T]`` in the accumulation dtype (a view when no cast is needed)."""
     if x is None or not isinstance(x, torch.Tensor):
         return x
+    if x.device != layout.device:  # a one-element coefficient such as gamma may live elsewhere
+        x = x.to(layout.device)
     if x.shape != layout.shape:
         x = x.expand(layout.shape)
     x = x.movedim(layout.time_dim, -1)

@@ -1,0 +1,145 @@
+"""Shared benchmark plumbing: environment record, timers, the copy-bandwidth ceiling, JSON and markdown output."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def environment() -> dict:
+    """What the numbers were measured on."""
+    import triton
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = ""
+    env = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commit": commit or os.environ.get("BENCH_COMMIT", "unknown"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    try:
+        import torchrl
+
+        env["torchrl"] = torchrl.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (median of do_bench)."""
+    import triton.testing
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def device_time_us(fn) -> float:
+    """Median device time of one call in microseconds, L2 flushed before each call (triton.testing.do_bench)."""
+    import triton.testing
+
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def graph_time_us(fn, calls: int = 20) -> float | None:
+    """Device time per call back to back inside a CUDA graph (L2 warm, no launch gaps); None if not capturable."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(10):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / calls)
+        del graph
+        return statistics.median(times)
+    except Exception:  # noqa: BLE001 - TorchRL's functionals synchronise (.item()) and cannot be captured
+        torch.cuda.synchronize()
+        return None
+
+
+def wall_time_us(fn, calls: int | None = None, budget_s: float = 0.5) -> float:
+    """Host wall time per call, calls issued back to back and the device drained once at the end."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    fn()
+    sync()
+    if calls is None:
+        start = time.perf_counter()
+        fn()
+        sync()
+        one = time.perf_counter() - start
+        calls = max(3, min(200, int(budget_s / max(one, 1e-6))))
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def write_results(name: str, env: dict, rows: list[dict], subdir: str, table_columns: list[tuple[str, str]],
+                  title: str, notes: str = "") -> Path:
+    """Writes ``results/<subdir>/<name>.json`` and a markdown table ``<name>.md`` generated from it."""
+    out = RESULTS / subdir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    (out / f"{name}.md").write_text(markdown(env, rows, table_columns, title, notes))
+    return out
+
+
+def markdown(env: dict, rows: list[dict], columns: list[tuple[str, str]], title: str, notes: str = "") -> str:
+    lines = [f"# {title}", "", "Generated from the JSON beside this file; do not edit by hand.", ""]
+    lines += [f"- {k}: {v}" for k, v in env.items()]
+    if notes:
+        lines += ["", notes]
+    lines += ["", "| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(k)) for k, _ in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 100:
+            return f"{v:.0f}"
+        if abs(v) >= 1:
+            return f"{v:.2f}"
+        return f"{v:.3g}"
+    return str(v)

@@ -1,0 +1,113 @@
+"""Bad input gets a clear error naming the argument: never a Triton compile error or a silently wrong answer."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _helpers import BACKENDS, DEVICE
+from rl_triton_torchrl import functional as F
+from rl_triton_torchrl import kernels as K
+from rl_triton_torchrl.kernels import InputError
+
+
+def _x(shape=(2, 5, 1), dtype=torch.float32):
+    return torch.randn(shape, dtype=dtype, device=DEVICE)
+
+
+def _d(shape=(2, 5, 1)):
+    return torch.zeros(shape, dtype=torch.bool, device=DEVICE)
+
+
+def _gae(**over):
+    args = dict(reward=_x(), state_value=_x(), next_state_value=_x(), done=_d(), terminated=None, gamma=0.9,
+                lmbda=0.9)
+    args.update(over)
+    return K.gae(args.pop("reward"), args.pop("state_value"), args.pop("next_state_value"), args.pop("done"),
+                 args.pop("terminated"), **args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "over,exc,match",
+    [
+        (dict(state_value=_x((2, 6, 1))), ValueError, r"state_value has shape \(2, 6, 1\) but reward has \(2, 5, 1\)"),
+        (dict(done=_d((2, 5))), ValueError, r"done has shape \(2, 5\)"),
+        (dict(done=torch.zeros(2, 5, 1, device=DEVICE)), TypeError, "done must be a bool tensor"),
+        (dict(terminated=torch.zeros(2, 5, 1, dtype=torch.int64, device=DEVICE)), TypeError,
+         "terminated must be a bool tensor"),
+        (dict(reward=torch.zeros(2, 5, 1, dtype=torch.int64, device=DEVICE)), TypeError,
+         "reward must be a floating-point tensor"),
+        (dict(state_value=_x(dtype=torch.float64)), TypeError, "state_value has dtype torch.float64"),
+        (dict(state_value=torch.zeros(2, 5, 1, device="meta")), ValueError, "state_value is on meta"),
+        (dict(time_dim=3), ValueError, r"time_dim=3 is out of range for inputs of shape \(2, 5, 1\)"),
+        (dict(time_dim=-4), ValueError, "time_dim=-4 is out of range"),
+        (dict(time_dim=1.0), TypeError, "time_dim must be an int"),
+        (dict(gamma=1.5), ValueError, r"gamma must lie in \[0.0, 1.0\], got 1.5"),
+        (dict(gamma=-0.1), ValueError, "gamma must lie in"),
+        (dict(lmbda=float("nan")), ValueError, "lmbda must lie in"),
+        (dict(gamma="0.9"), TypeError, "gamma must be a float or a tensor"),
+        (dict(gamma=torch.tensor([0.9, 1.2])), ValueError, "gamma has shape"),
+        (dict(gamma=torch.full((2, 5, 1), 1.2)), ValueError, "gamma must lie in"),
+        (dict(lmbda=torch.zeros(2, 5, 1, dtype=torch.int64)), TypeError, "lmbda must be a floating-point tensor"),
+        (dict(initial_state=_x((2, 5))), ValueError, r"initial_state has shape \(2, 5\), expected \(2, 1\)"),
+        (dict(reward=[1.0]), TypeError, "reward must be a torch.Tensor"),
+        (dict(reward=torch.tensor(1.0)), ValueError, "shape"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_gae_bad_input(over, exc, match, backend):
+    with pytest.raises(exc, match=match):
+        _gae(backend=backend, **over)
+
+
+def test_errors_are_value_and_runtime_errors():
+    """TorchRL raises RuntimeError for these mistakes; ours are both, so code catching either keeps working."""
+    with pytest.raises(RuntimeError):
+        _gae(state_value=_x((2, 6, 1)))
+    assert issubclass(InputError, ValueError) and issubclass(InputError, RuntimeError)
+
+
+def test_bad_backend(monkeypatch):
+    with pytest.raises(ValueError, match="backend must be one of"):
+        _gae(backend="cuda")
+    monkeypatch.setenv("RL_TRITON_TORCHRL_BACKEND", "fast")
+    with pytest.raises(ValueError, match="RL_TRITON_TORCHRL_BACKEND"):
+        _gae()
+
+
+def test_backend_env_overrides_auto(monkeypatch):
+    """The environment variable picks the path of backend='auto'; the two paths agree."""
+    from rl_triton_torchrl.kernels._utils import resolve_backend
+
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    assert resolve_backend("auto", torch.device("cuda")) == "triton"
+    inputs = dict(reward=_x(), state_value=_x(), next_state_value=_x(), done=_d())
+    out = {}
+    for env in ("torch", "triton"):
+        monkeypatch.setenv("RL_TRITON_TORCHRL_BACKEND", env)
+        assert resolve_backend("auto", torch.device("cpu")) == env
+        assert resolve_backend("torch", torch.device("cpu")) == "torch"  # an explicit choice wins
+        out[env] = _gae(**inputs)
+    torch.testing.assert_close(out["torch"], out["triton"])
+
+
+def test_functional_shape_errors_match_torchrl_types():
+    x = _x()
+    with pytest.raises(RuntimeError, match="shape"):
+        F.td_lambda_return_estimate(0.9, 0.9, x, _x((2, 4, 1)), _d())
+    with pytest.raises(ValueError, match="reward and done must share the same shape"):
+        F.reward2go(x, _d((2, 4, 1)), 0.9)
+    with pytest.raises(ValueError, match="td0_return_estimate needs terminated"):
+        F.td0_return_estimate(0.9, x, x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_td_lambda_needs_flags(backend):
+    with pytest.raises(ValueError, match="done"):
+        K.td_lambda_return(_x(), _x(), None, None, gamma=0.9, lmbda=0.9, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_scan_bad_input(backend):
+    with pytest.raises(ValueError, match="b has shape"):
+        K.linear_scan(_x(), _x((2, 4, 1)), backend=backend)
