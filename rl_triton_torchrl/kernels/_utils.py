@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -53,8 +54,13 @@ class Layout:
         return self.outer * self.T * self.inner == 0
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """``"auto"`` -> ``$RL_TRITON_TORCHRL_BACKEND`` if set, else ``"triton"`` on CUDA and ``"torch"`` elsewhere."""
+def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
+    """The path that runs: ``"triton"`` or ``"torch"``.
+
+    ``"auto"`` -> ``$RL_TRITON_TORCHRL_BACKEND`` if set, else ``"triton"`` on CUDA and ``"torch"`` elsewhere.
+    The Triton kernels have no backward yet: when autograd needs a gradient through any of ``inputs``, the torch path
+    (differentiable, on the same device) runs instead, with a one-time warning.
+    """
     if backend not in BACKENDS:
         raise InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -62,13 +68,23 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         if env and env != "auto":
             if env not in BACKENDS:
                 raise InputError(f"${BACKEND_ENV} must be one of {BACKENDS}, got {env!r}")
-            return env
-        return "triton" if device.type == "cuda" else "torch"
+            backend = env
+        else:
+            backend = "triton" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise InputError(
             f"backend='triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 before importing triton "
             "to run the kernels on the CPU through Triton's interpreter, or use backend='torch'"
         )
+    if backend == "triton" and torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in inputs
+    ):
+        warnings.warn(
+            "rl_triton_torchrl: an input requires grad and the Triton kernels have no backward yet; running the "
+            "differentiable torch path instead",
+            stacklevel=3,
+        )
+        backend = "torch"
     return backend
 
 

@@ -128,7 +128,8 @@ def gae(
         ht = torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)
         if initial_state is not None:
             ht.copy_(initial_state)
-    elif resolve_backend(backend, layout.device) == "torch":
+    elif resolve_backend(backend, layout.device, reward, state_value, next_state_value, gamma, lmbda,
+                                                    initial_state) == "torch":
         v = rows_time(state_value, layout)
         b_a, b_b = gae_coefficients(
             rows_time(reward, layout), v, rows_time(next_state_value, layout), not_flag(done, layout),

@@ -255,17 +255,19 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
     # Padding past T is the identity step (a = 1, b = 0).
     a_c = _chunked(a, K, C, 1.0)
     b_c = _chunked(b, K, C, 0.0)
-    # within-chunk inclusive scans from a zero state (b_c) and running products of a (a_c), in place
+    # within-chunk inclusive scans from a zero state (h_loc) and running products of a (p_loc). Out of place, so
+    # that autograd can differentiate through every step.
+    h_loc, p_loc = [b_c[0]], [a_c[0]]
     for j in range(1, C):
-        torch.addcmul(b_c[j], a_c[j], b_c[j - 1], out=b_c[j])
-        torch.mul(a_c[j], a_c[j - 1], out=a_c[j])
+        h_loc.append(torch.addcmul(b_c[j], a_c[j], h_loc[-1]))
+        p_loc.append(a_c[j] * p_loc[-1])
     # states entering each chunk, carried sequentially across the K chunks
-    enter = torch.empty((R, K), dtype=b.dtype, device=b.device)
+    enter = []
     h = h0.to(b.dtype) if h0 is not None else torch.zeros(R, dtype=b.dtype, device=b.device)
     for k in range(K):
-        enter[:, k] = h
-        h = torch.addcmul(b_c[C - 1, :, k], a_c[C - 1, :, k], h)
-    out = torch.addcmul(b_c, a_c, enter)  # [C, R, K]
+        enter.append(h)
+        h = torch.addcmul(h_loc[-1][:, k], p_loc[-1][:, k], h)
+    out = torch.addcmul(torch.stack(h_loc), torch.stack(p_loc), torch.stack(enter, -1))  # [C, R, K]
     out = out.permute(1, 2, 0).reshape(R, K * C)[:, :T]
     if reverse:
         out = out.flip(-1)
@@ -273,13 +275,11 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
 
 
 def _chunked(x: torch.Tensor, K: int, C: int, fill: float) -> torch.Tensor:
-    """[R, T] -> a fresh contiguous [C, R, K], the end padded with ``fill`` up to K * C steps."""
+    """[R, T] -> contiguous [C, R, K], the end padded with ``fill`` up to K * C steps."""
     pad = K * C - x.shape[-1]
-    out = torch.empty((C, x.shape[0], K), dtype=x.dtype, device=x.device)
     if pad:
         x = torch.nn.functional.pad(x, (0, pad), value=fill)
-    out.copy_(x.view(x.shape[0], K, C).permute(2, 0, 1))
-    return out
+    return x.reshape(x.shape[0], K, C).permute(2, 0, 1).contiguous()
 
 
 def time_last(x, layout: Layout):
@@ -359,7 +359,7 @@ def linear_scan(
         tensor([1.9375, 1.8750, 1.7500, 1.5000, 1.0000])
     """
     layout = check_inputs(time_dim, {"a": a, "b": b}, {}, {"initial_state": initial_state})
-    backend = resolve_backend(backend, layout.device)
+    backend = resolve_backend(backend, layout.device, a, b, initial_state)
     if layout.empty:
         h = torch.empty(layout.shape, dtype=layout.dtype, device=layout.device)
         return (h, _empty_state(layout, initial_state)) if output_final_state else h

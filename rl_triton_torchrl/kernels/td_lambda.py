@@ -105,7 +105,8 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
         ht = torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)
         if initial_state is not None:
             ht.copy_(initial_state)
-    elif resolve_backend(backend, layout.device) == "torch":
+    elif resolve_backend(backend, layout.device, reward, next_state_value, state_value, gamma,
+                                                    lmbda, initial_state) == "torch":
         r = rows_time(reward, layout)
         nd, nterm = not_flag(done, layout), not_flag(terminated, layout)
         if done_or_terminated:
