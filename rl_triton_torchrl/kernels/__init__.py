@@ -5,7 +5,9 @@ Needs only torch and triton. Every function takes ``[*B, T, *F]`` tensors with a
 it), ``"triton"`` forces the kernels (on CPU tensors only under ``TRITON_INTERPRET=1``), ``"torch"`` forces torch.
 """
 from ._utils import InputError
+from .eligibility_traces import eligibility_traces
 from .gae import gae
+from .prefix_sum import episodic_prefix_sum
 from .scan import linear_scan
 from .td_lambda import discounted_return, td_lambda_advantage, td_lambda_return
 
@@ -16,4 +18,6 @@ __all__ = [
     "td_lambda_return",
     "td_lambda_advantage",
     "discounted_return",
+    "eligibility_traces",
+    "episodic_prefix_sum",
 ]

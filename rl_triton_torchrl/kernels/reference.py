@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["linear_scan_ref", "gae_ref", "td_lambda_return_ref", "discounted_return_ref"]
+__all__ = [
+    "linear_scan_ref",
+    "gae_ref",
+    "td_lambda_return_ref",
+    "discounted_return_ref",
+    "eligibility_traces_ref",
+    "episodic_prefix_sum_ref",
+]
 
 
 def _time_last(x, shape, time_dim):
@@ -92,3 +99,38 @@ def discounted_return_ref(reward, done, *, gamma, time_dim=-2):
     for t in reversed(range(r.shape[-1])):
         nxt = out[..., t] = r[..., t] + g[..., t] * torch.where(d[..., t], 0.0, nxt)
     return _time_back(out, time_dim).to(device)
+
+
+def eligibility_traces_ref(x, done, *, gamma, lmbda, time_dim=-2, initial_state=None):
+    """e_t = gamma lmbda e_(t-1) + x_t, the trace zeroed after every done step; returns (traces, final state)."""
+    shape, device = x.shape, x.device
+    xs = _time_last(x, shape, time_dim)
+    d = _time_last(done, shape, time_dim).bool()
+    g, lm = _time_last(gamma, shape, time_dim), _time_last(lmbda, shape, time_dim)
+    out = torch.empty_like(xs)
+    trace = torch.zeros(xs.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
+    for t in range(xs.shape[-1]):
+        trace = out[..., t] = g[..., t] * lm[..., t] * trace + xs[..., t]
+        trace = torch.where(d[..., t], 0.0, trace)  # the episode ends after step t: nothing enters step t + 1
+    return _time_back(out, time_dim).to(device), trace.to(device)
+
+
+def episodic_prefix_sum_ref(x, boundary, *, reset, discount=1.0, time_dim=-2, initial_state=None):
+    """S_t = discount_t S_(t-1) + x_t, restarted after a flagged step ("after_done") or at one ("at_start").
+
+    Returns (sums, final state).
+    """
+    assert reset in ("after_done", "at_start"), reset
+    shape, device = x.shape, x.device
+    xs = _time_last(x, shape, time_dim)
+    f = _time_last(boundary, shape, time_dim).bool()
+    g = _time_last(discount, shape, time_dim)
+    out = torch.empty_like(xs)
+    total = torch.zeros(xs.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
+    for t in range(xs.shape[-1]):
+        if reset == "at_start":
+            total = torch.where(f[..., t], 0.0, total)  # step t starts an episode
+        total = out[..., t] = g[..., t] * total + xs[..., t]
+        if reset == "after_done":
+            total = torch.where(f[..., t], 0.0, total)  # step t ends an episode
+    return _time_back(out, time_dim).to(device), total.to(device)
