@@ -2,10 +2,43 @@
 
 - ``rl_triton_torchrl.kernels``: the kernels and their plain-torch CPU path (needs only torch + triton).
 - ``rl_triton_torchrl.functional``: TorchRL's value functionals, same names and signatures.
+- ``GAE``, ``MultiAgentGAE``, ``TD0Estimator``, ``TD1Estimator``, ``TDLambdaEstimator``: TorchRL's estimator
+  classes with the math on our kernels.
+- ``patch_torchrl()`` / ``unpatch_torchrl()`` / ``torchrl_patched()``: make unmodified TorchRL code use them.
+
+Everything but ``kernels`` needs TorchRL; it is imported on first use, so ``rl_triton_torchrl.kernels`` works
+with torch and triton alone.
 """
-from . import functional, kernels
+import importlib
+
+from . import kernels
 from .kernels import InputError
 
 __version__ = "0.1.0"
 
-__all__ = ["functional", "kernels", "InputError", "__version__"]
+# public name -> submodule that defines it (imported on first access)
+_LAZY = {
+    "functional": None,
+    "estimators": None,
+    "patch": None,
+    "GAE": "estimators",
+    "MultiAgentGAE": "estimators",
+    "TD0Estimator": "estimators",
+    "TD1Estimator": "estimators",
+    "TDLambdaEstimator": "estimators",
+    "VTrace": "estimators",
+    "patch_torchrl": "patch",
+    "unpatch_torchrl": "patch",
+    "torchrl_patched": "patch",
+}
+
+__all__ = ["kernels", "InputError", "__version__", *_LAZY]
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rl_triton_torchrl' has no attribute {name!r}")
+    module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
+    value = module if _LAZY[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value

@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torchrl.objectives.value import functional as _trl_functional
 
 from .kernels import InputError
 from .kernels.gae import gae
@@ -95,11 +96,13 @@ def td0_advantage_estimate(gamma, state_value, next_state_value, reward, done, t
                                backend=backend)
 
 
+# TorchRL's own functionals, taken before anything (``patch_torchrl``) can replace them by ours.
+_TORCHRL = {name: getattr(_trl_functional, name) for name in _trl_functional.__all__}
+
+
 def _torchrl_rolling(name, *args, **kwargs):
     """rolling_gamma=False: not a first-order recurrence; TorchRL's own loop computes it."""
-    from torchrl.objectives.value import functional as trl_functional
-
-    return getattr(trl_functional, name)(*args, **kwargs)
+    return _TORCHRL[name](*args, **kwargs)
 
 
 def td1_return_estimate(

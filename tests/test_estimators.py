@@ -1,0 +1,307 @@
+"""Our estimator classes against TorchRL's own, on random rollout TensorDicts, and patch/unpatch.
+
+Paths: the torch path (default on CPU) and the Triton kernels (forced with RL_TRITON_TORCHRL_BACKEND=triton: the
+interpreter without a GPU, CUDA on the GPU).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torchrl.objectives.value as trl_value
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.objectives import A2CLoss, ClipPPOLoss, ValueEstimators
+from torchrl.objectives.utils import _VALUE_ESTIMATOR_REGISTRY
+
+import rl_triton_torchrl as rtt
+from _helpers import DEVICE, assert_close, flags
+
+OBS = 3
+# name -> (constructor kwargs); ours and TorchRL's class share the name
+CLASSES = {
+    "GAE": {"gamma": 0.98, "lmbda": 0.93},
+    "TDLambdaEstimator": {"gamma": 0.98, "lmbda": 0.93},
+    "TD1Estimator": {"gamma": 0.98},
+    "TD0Estimator": {"gamma": 0.98},
+}
+
+
+@pytest.fixture(params=["torch", "triton"])
+def backend(request, monkeypatch):
+    monkeypatch.setenv("RL_TRITON_TORCHRL_BACKEND", request.param)
+    return request.param
+
+
+def rollout(batch=(4, 25), seed=0, pattern="random", agents=None, keys=None, with_values=True):
+    """A rollout TensorDict of batch size [*B, T] in TorchRL's layout."""
+    g = torch.Generator().manual_seed(seed)
+    keys = {"reward": "reward", "done": "done", "terminated": "terminated", "value": "state_value", **(keys or {})}
+    shape = (*batch, 1)
+    done, term = flags(shape, pattern, g, time_dim=-2)
+    vshape = (*batch, agents, 1) if agents else shape
+    td = TensorDict(
+        {
+            "observation": torch.randn(*batch, OBS, generator=g),
+            "next": {
+                "observation": torch.randn(*batch, OBS, generator=g),
+                keys["reward"]: torch.randn(shape, generator=g),
+                keys["done"]: done.cpu(),
+                keys["terminated"]: term.cpu(),
+                "truncated": (done & ~term).cpu(),
+            },
+        },
+        batch_size=batch,
+    )
+    if with_values:
+        td[keys["value"]] = torch.randn(vshape, generator=g)
+        td["next", keys["value"]] = torch.randn(vshape, generator=g)
+    return td.to(DEVICE)
+
+
+def value_net(seed=0, out_key="state_value"):
+    torch.manual_seed(seed)
+    return TensorDictModule(nn.Linear(OBS, 1), in_keys=["observation"], out_keys=[out_key]).to(DEVICE)
+
+
+def pair(name, **kwargs):
+    """(ours, TorchRL's) estimators built with the same arguments; the value network is shared."""
+    kw = {**CLASSES.get(name, {}), **kwargs}
+    return getattr(rtt, name)(**kw), getattr(trl_value, name)(**kw)
+
+
+def compare(td_ours, td_theirs, keys=("advantage", "value_target")):
+    for key in keys:
+        if key in td_theirs.keys():
+            assert_close(key, td_ours[key], td_theirs[key])
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+@pytest.mark.parametrize("pattern", ["none", "all", "random", "trunc_last"])
+def test_precomputed_values(name, pattern, backend):
+    ours, theirs = pair(name, value_network=None)
+    td = rollout(pattern=pattern)
+    compare(ours(td.clone()), theirs(td.clone()))
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+@pytest.mark.parametrize("shifted", [False, True])
+def test_value_network(name, shifted, backend):
+    net = value_net()
+    ours, theirs = pair(name, value_network=net, shifted=shifted)
+    td = rollout(with_values=False)
+    out_o, out_t = ours(td.clone()), theirs(td.clone())
+    compare(out_o, out_t, ("advantage", "value_target", "state_value"))
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+@pytest.mark.parametrize("layout", ["time-major", "extra-batch"])
+def test_time_dims(name, layout, backend):
+    if layout == "time-major":
+        # TD(0) has no recursion along time and takes no time_dim
+        ours, theirs = pair(name, value_network=None, **({} if name == "TD0Estimator" else {"time_dim": 0}))
+        td = rollout(batch=(25, 4))
+        compare(ours(td.clone()), theirs(td.clone()))
+    else:
+        ours, theirs = pair(name, value_network=None)
+        td = rollout(batch=(2, 3, 17))
+        compare(ours(td.clone()), theirs(td.clone()))
+
+
+def test_multi_agent_gae(backend):
+    ours = rtt.MultiAgentGAE(gamma=0.97, lmbda=0.9, value_network=None)
+    theirs = trl_value.MultiAgentGAE(gamma=0.97, lmbda=0.9, value_network=None)
+    td = rollout(batch=(3, 20), agents=4)
+    out_o, out_t = ours(td.clone()), theirs(td.clone())
+    assert out_o["advantage"].shape == (3, 20, 4, 1)
+    compare(out_o, out_t)
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_set_keys(name, backend):
+    renamed = {"reward": "rew", "done": "d", "terminated": "term", "value": "v"}
+    ours, theirs = pair(name, value_network=None)
+    for est in (ours, theirs):
+        est.set_keys(reward="rew", done="d", terminated="term", value="v", advantage="adv", value_target="vt")
+    td = rollout(keys=renamed)
+    compare(ours(td.clone()), theirs(td.clone()), ("adv", "vt"))
+
+
+def test_truncated_key_completes_done(backend):
+    """A rollout without ("next", "done") but with terminated and truncated: done = terminated | truncated."""
+    ours, theirs = pair("GAE", value_network=None)
+    ours.set_keys(truncated="trunc")
+    td = rollout()
+    td["next", "trunc"] = td["next", "truncated"]
+    full = td.clone()
+    del td["next", "done"]
+    out = ours(td)
+    assert torch.equal(out["next", "done"], full["next", "done"])
+    compare(out, theirs(full))
+    # and without terminated: terminated = done & ~truncated
+    td = full.clone()
+    del td["next", "terminated"]
+    compare(ours(td), theirs(full.clone()))
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_differentiable_gradients(name, backend):
+    """With differentiable=True the value network's parameters get exactly TorchRL's gradients (or, where TorchRL
+    holds the network out of the graph, none either)."""
+    grads = {}
+    for which in ("ours", "theirs"):
+        net = value_net(seed=1)
+        module = rtt if which == "ours" else trl_value
+        est = getattr(module, name)(**CLASSES[name], value_network=net, differentiable=True)
+        td = rollout(with_values=False)
+        out = est(td)
+        key = "advantage" if "advantage" in out.keys() else "value_target"
+        if not out[key].requires_grad:
+            grads[which] = None
+            continue
+        (out[key] ** 2).sum().backward()
+        grads[which] = [p.grad.clone() for p in net.parameters()]
+    assert (grads["ours"] is None) == (grads["theirs"] is None)
+    for i, (a, b) in enumerate(zip(grads["ours"] or [], grads["theirs"] or [])):
+        assert_close(f"param {i} grad", a, b)
+
+
+@pytest.mark.parametrize("name", ["GAE", "TDLambdaEstimator"])
+def test_differentiable_functional_params(name, backend):
+    """Gradients through the estimate with respect to the values themselves (as a Dreamer-style loss needs)."""
+    grads = {}
+    for which in ("ours", "theirs"):
+        module = rtt if which == "ours" else trl_value
+        est = getattr(module, name)(**CLASSES[name], value_network=None, differentiable=True)
+        td = rollout()
+        v = td["state_value"].clone().requires_grad_()
+        nv = td["next", "state_value"].clone().requires_grad_()
+        td["state_value"], td["next", "state_value"] = v, nv
+        if which == "ours" and backend == "triton":
+            with pytest.warns(UserWarning, match="no backward yet"):
+                out = est(td)
+        else:
+            out = est(td)
+        key = "advantage" if "advantage" in out.keys() else "value_target"
+        (out[key] ** 2).sum().backward()
+        grads[which] = (v.grad, nv.grad)
+    for i, (a, b) in enumerate(zip(grads["ours"], grads["theirs"])):
+        if b is None:
+            assert a is None or not a.any()
+        else:
+            assert_close(f"grad {i}", a, b)
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_state_dict_round_trip(name):
+    ours, theirs = pair(name, value_network=None)
+    ours.gamma.fill_(0.5)
+    theirs.load_state_dict(ours.state_dict())
+    assert theirs.gamma.item() == 0.5
+    theirs.gamma.fill_(0.7)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.gamma.item() == pytest.approx(0.7)
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_ours_actually_runs(name, monkeypatch):
+    """An invalid backend in the environment reaches our functional: proof that the math is ours."""
+    monkeypatch.setenv("RL_TRITON_TORCHRL_BACKEND", "nonsense")
+    ours, theirs = pair(name, value_network=None)
+    td = rollout()
+    with pytest.raises(ValueError, match="RL_TRITON_TORCHRL_BACKEND"):
+        ours(td.clone())
+    theirs(td.clone())  # TorchRL's class is untouched
+
+
+def test_vectorized_flag_has_no_effect(backend):
+    td = rollout()
+    ours, theirs = pair("GAE", value_network=None)
+    ours.vectorized = False
+    a = ours(td.clone())["advantage"]
+    ours.vectorized = True
+    b = ours(td.clone())["advantage"]
+    assert torch.equal(a, b)
+
+
+def test_patch_unpatch():
+    originals = {name: getattr(trl_value, name) for name in ("GAE", "TDLambdaEstimator", "TD0Estimator")}
+    import torchrl.objectives.value.advantages as adv
+    import torchrl.objectives.value.functional as fn
+
+    fn_originals = {k: getattr(fn, k) for k in fn.__all__}
+    reg_originals = {k: v.cls for k, v in _VALUE_ESTIMATOR_REGISTRY.items()}
+    rtt.patch_torchrl()
+    try:
+        assert rtt.patch.is_patched()
+        assert trl_value.GAE is rtt.GAE and adv.GAE is rtt.GAE
+        assert fn.generalized_advantage_estimate is rtt.functional.generalized_advantage_estimate
+        assert adv.vec_generalized_advantage_estimate is rtt.functional.vec_generalized_advantage_estimate
+        assert _VALUE_ESTIMATOR_REGISTRY[ValueEstimators.GAE].cls is rtt.GAE
+        rtt.patch_torchrl()  # idempotent
+    finally:
+        rtt.unpatch_torchrl()
+    assert not rtt.patch.is_patched()
+    for name, cls in originals.items():
+        assert getattr(trl_value, name) is cls
+    assert {k: getattr(fn, k) for k in fn.__all__} == fn_originals
+    assert {k: v.cls for k, v in _VALUE_ESTIMATOR_REGISTRY.items()} == reg_originals
+    with rtt.torchrl_patched():
+        assert trl_value.GAE is rtt.GAE
+    assert trl_value.GAE is originals["GAE"]
+
+
+def _actor_critic(seed=0):
+    from tensordict.nn import NormalParamExtractor
+    from torchrl.modules import ProbabilisticActor, TanhNormal
+
+    torch.manual_seed(seed)
+    actor_net = nn.Sequential(nn.Linear(OBS, 4), NormalParamExtractor())
+    actor = ProbabilisticActor(
+        TensorDictModule(actor_net, in_keys=["observation"], out_keys=["loc", "scale"]),
+        in_keys=["loc", "scale"], distribution_class=TanhNormal, return_log_prob=True,
+    ).to(DEVICE)
+    return actor, value_net(seed + 1)
+
+
+def _loss_rollout(actor, seed=0):
+    td = rollout(batch=(4, 30), seed=seed, with_values=False)
+    with torch.no_grad():
+        actor(td)
+    return td
+
+
+@pytest.mark.parametrize("loss_cls", [ClipPPOLoss, A2CLoss], ids=["ClipPPOLoss", "A2CLoss"])
+@pytest.mark.parametrize("how", ["make_value_estimator", "patch"])
+def test_losses_identical(loss_cls, how, backend):
+    """ClipPPOLoss / A2CLoss give the same losses and gradients with our estimator as with TorchRL's."""
+    results = {}
+    for which in ("theirs", "ours"):
+        actor, critic = _actor_critic()
+        loss = loss_cls(actor, critic)
+        if how == "make_value_estimator":
+            if which == "ours":
+                loss._value_estimator = rtt.GAE(gamma=0.99, lmbda=0.95, value_network=critic)
+            else:
+                loss.make_value_estimator(ValueEstimators.GAE, gamma=0.99, lmbda=0.95)
+        else:
+            if which == "ours":
+                with rtt.torchrl_patched():
+                    loss.make_value_estimator(ValueEstimators.GAE, gamma=0.99, lmbda=0.95)
+                assert isinstance(loss.value_estimator, rtt.GAE)
+            else:
+                loss.make_value_estimator(ValueEstimators.GAE, gamma=0.99, lmbda=0.95)
+                assert type(loss.value_estimator) is trl_value.GAE
+        td = _loss_rollout(actor)
+        out = loss(td)
+        total = sum(v for k, v in out.items() if k.startswith("loss_"))
+        total.backward()
+        results[which] = ({k: v.detach() for k, v in out.items() if k.startswith("loss_")},
+                          [p.grad.clone() for p in list(actor.parameters()) + list(critic.parameters())])
+    for k in results["theirs"][0]:
+        assert_close(k, results["ours"][0][k], results["theirs"][0][k])
+    for i, (a, b) in enumerate(zip(results["ours"][1], results["theirs"][1])):
+        assert_close(f"grad {i}", a, b)
