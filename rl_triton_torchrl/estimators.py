@@ -29,7 +29,15 @@ from torchrl.objectives.value import advantages as _trl
 
 from . import functional
 
-__all__ = ["GAE", "MultiAgentGAE", "TD0Estimator", "TD1Estimator", "TDLambdaEstimator", "TORCHRL_FUNCTIONALS"]
+__all__ = [
+    "GAE",
+    "MultiAgentGAE",
+    "TD0Estimator",
+    "TD1Estimator",
+    "TDLambdaEstimator",
+    "VTrace",
+    "TORCHRL_FUNCTIONALS",
+]
 
 # The names TorchRL's estimator classes look up in torchrl.objectives.value.advantages -> ours.
 TORCHRL_FUNCTIONALS = {
@@ -41,6 +49,7 @@ TORCHRL_FUNCTIONALS = {
         "td_lambda_return_estimate",
         "vec_td_lambda_return_estimate",
         "vec_td1_return_estimate",
+        "vtrace_advantage_estimate",
     )
 }
 
@@ -93,10 +102,12 @@ class _OurMath:
 
     _torchrl_forward = None
 
-    def forward(self, tensordict: TensorDictBase | None = None, *args, **kwargs):
-        if tensordict is not None:
+    def forward(self, *args, **kwargs):
+        # TorchRL's forward also takes its inputs as keyword tensors (tensordict's ``dispatch``): pass all along
+        tensordict = args[0] if args else kwargs.get("tensordict")
+        if isinstance(tensordict, TensorDictBase):
             self._complete_flags(tensordict)
-        return self._torchrl_forward(tensordict, *args, **kwargs)
+        return self._torchrl_forward(*args, **kwargs)
 
     def _complete_flags(self, tensordict: TensorDictBase) -> None:
         keys = self.tensor_keys
@@ -143,4 +154,9 @@ class TD1Estimator(_OurMath, _trl.TD1Estimator):
 
 @_our_math
 class TDLambdaEstimator(_OurMath, _trl.TDLambdaEstimator):
+    pass
+
+
+@_our_math
+class VTrace(_OurMath, _trl.VTrace):
     pass

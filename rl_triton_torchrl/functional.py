@@ -7,7 +7,8 @@ Each function also takes a keyword-only ``backend`` (``"auto"``: Triton on CUDA,
 The ``vec_*`` variants are the same exact computation as the loop ones: TorchRL's vectorised versions cut the
 discount series off below 1e-7, ours do not, so ours equal TorchRL's loop functionals to rounding and its vectorised
 ones to about 1e-7 relative. ``rolling_gamma=False`` (a per-step gamma tied to the whole remaining trajectory) is
-not a first-order recurrence: it runs TorchRL's own O(T^2) loop, for every variant.
+not a first-order recurrence: it runs TorchRL's own code, so the loop names compute it (O(T^2)) and the ``vec_*``
+names raise TorchRL's ``NotImplementedError``, exactly as TorchRL does.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torchrl.objectives.value import functional as _trl_functional
 from .kernels import InputError
 from .kernels.gae import gae
 from .kernels.td_lambda import discounted_return, td_lambda_advantage, td_lambda_return
+from .kernels.vtrace import vtrace
 
 __all__ = [
     "generalized_advantage_estimate",
@@ -33,6 +35,7 @@ __all__ = [
     "vec_td_lambda_return_estimate",
     "td_lambda_advantage_estimate",
     "vec_td_lambda_advantage_estimate",
+    "vtrace_advantage_estimate",
     "reward2go",
 ]
 
@@ -144,7 +147,10 @@ def td1_advantage_estimate(
 def vec_td1_return_estimate(
     gamma, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2, *, backend="auto"
 ):
-    """Same as :func:`td1_return_estimate` (exact; no 1e-7 cut-off)."""
+    """Same as :func:`td1_return_estimate` (exact; no 1e-7 cut-off); ``rolling_gamma=False`` as TorchRL's."""
+    if rolling_gamma is False:
+        return _torchrl_rolling("vec_td1_return_estimate", gamma, next_state_value, reward, done, terminated,
+                                rolling_gamma, time_dim)
     return td1_return_estimate(gamma, next_state_value, reward, done, terminated, rolling_gamma, time_dim=time_dim,
                                backend=backend)
 
@@ -153,7 +159,10 @@ def vec_td1_advantage_estimate(
     gamma, state_value, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2, *,
     backend="auto",
 ):
-    """Same as :func:`td1_advantage_estimate` (exact; no 1e-7 cut-off)."""
+    """Same as :func:`td1_advantage_estimate` (exact; no 1e-7 cut-off); ``rolling_gamma=False`` as TorchRL's."""
+    if rolling_gamma is False:
+        return _torchrl_rolling("vec_td1_advantage_estimate", gamma, state_value, next_state_value, reward, done,
+                                terminated, rolling_gamma, time_dim)
     return td1_advantage_estimate(gamma, state_value, next_state_value, reward, done, terminated, rolling_gamma,
                                   time_dim, backend=backend)
 
@@ -200,7 +209,10 @@ def vec_td_lambda_return_estimate(
     gamma, lmbda, next_state_value, reward, done, terminated=None, rolling_gamma=None, *, time_dim=-2,
     backend="auto",
 ):
-    """Same as :func:`td_lambda_return_estimate` (exact; no 1e-7 cut-off)."""
+    """Same as :func:`td_lambda_return_estimate` (exact; no 1e-7 cut-off); ``rolling_gamma=False`` as TorchRL's."""
+    if rolling_gamma is False:
+        return _torchrl_rolling("vec_td_lambda_return_estimate", gamma, lmbda, next_state_value, reward, done,
+                                terminated, rolling_gamma, time_dim=time_dim)
     return td_lambda_return_estimate(gamma, lmbda, next_state_value, reward, done, terminated, rolling_gamma,
                                      time_dim=time_dim, backend=backend)
 
@@ -209,9 +221,39 @@ def vec_td_lambda_advantage_estimate(
     gamma, lmbda, state_value, next_state_value, reward, done, terminated=None, rolling_gamma=None, time_dim=-2, *,
     backend="auto",
 ):
-    """Same as :func:`td_lambda_advantage_estimate` (exact; no 1e-7 cut-off)."""
+    """Same as :func:`td_lambda_advantage_estimate` (exact; no 1e-7 cut-off); ``rolling_gamma=False`` as
+    TorchRL's."""
+    if rolling_gamma is False:
+        return _torchrl_rolling("vec_td_lambda_advantage_estimate", gamma, lmbda, state_value, next_state_value,
+                                reward, done, terminated, rolling_gamma, time_dim)
     return td_lambda_advantage_estimate(gamma, lmbda, state_value, next_state_value, reward, done, terminated,
                                         rolling_gamma, time_dim, backend=backend)
+
+
+def vtrace_advantage_estimate(
+    gamma, log_pi, log_mu, state_value, next_state_value, reward, done, terminated=None, rho_thresh=1.0,
+    c_thresh=1.0, time_dim=-2, *, backend="auto",
+):
+    """V-trace off-policy targets (IMPALA): ``(advantage, value_target)``.
+
+    Args:
+        gamma (float or Tensor): discount.
+        log_pi (Tensor): ``[*B, T, *F]`` log-probabilities of the taken actions under the learner's policy.
+        log_mu (Tensor): ``[*B, T, *F]`` log-probabilities of the taken actions under the behaviour policy.
+        state_value (Tensor): ``[*B, T, *F]`` values of the observations.
+        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations.
+        reward (Tensor): ``[*B, T, *F]`` rewards.
+        done (Tensor): ``[*B, T, *F]`` bool, end of trajectory.
+        terminated (Tensor, optional): ``[*B, T, *F]`` bool, end of episode. Defaults to ``done``.
+        rho_thresh (float or Tensor): clip of the importance weights of the TD errors. Defaults to ``1.0``.
+        c_thresh (float or Tensor): clip of the trace weights. Defaults to ``1.0``.
+        time_dim (int): the time dimension. Defaults to ``-2``.
+
+    Keyword Args:
+        backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.
+    """
+    return vtrace(log_pi, log_mu, state_value, next_state_value, reward, done, terminated, gamma=gamma,
+                  rho_thresh=rho_thresh, c_thresh=c_thresh, time_dim=time_dim, backend=backend)
 
 
 def reward2go(reward, done, gamma, *, time_dim=-2, backend="auto"):

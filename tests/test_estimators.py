@@ -305,3 +305,29 @@ def test_losses_identical(loss_cls, how, backend):
         assert_close(k, results["ours"][0][k], results["theirs"][0][k])
     for i, (a, b) in enumerate(zip(results["ours"][1], results["theirs"][1])):
         assert_close(f"grad {i}", a, b)
+
+
+@pytest.mark.parametrize("pattern", ["none", "random", "trunc_last"])
+@pytest.mark.parametrize("thresholds", [(1.0, 1.0), (0.5, 2.0)], ids=["clip1", "clip0.5-2"])
+def test_vtrace(pattern, thresholds, backend):
+    """VTrace against TorchRL's, with a stale behaviour policy (perturbed log-probabilities)."""
+    actor, critic = _actor_critic()
+    td = rollout(batch=(3, 20), pattern=pattern, with_values=False)
+    with torch.no_grad():
+        actor(td)
+    td["action_log_prob"] = td["action_log_prob"] + 0.3 * torch.randn_like(td["action_log_prob"])
+    kw = dict(gamma=0.97, actor_network=actor, value_network=critic, rho_thresh=thresholds[0],
+              c_thresh=thresholds[1])
+    ours, theirs = rtt.VTrace(**kw), trl_value.VTrace(**kw)
+    compare(ours(td.clone()), theirs(td.clone()))
+
+
+def test_vtrace_runs_ours(monkeypatch):
+    actor, critic = _actor_critic()
+    td = rollout(batch=(2, 6), with_values=False)
+    with torch.no_grad():
+        actor(td)
+    monkeypatch.setenv("RL_TRITON_TORCHRL_BACKEND", "nonsense")
+    with pytest.raises(ValueError, match="RL_TRITON_TORCHRL_BACKEND"):
+        rtt.VTrace(gamma=0.9, actor_network=actor, value_network=critic)(td.clone())
+    trl_value.VTrace(gamma=0.9, actor_network=actor, value_network=critic)(td.clone())

@@ -59,8 +59,6 @@ def _check(name, mine, theirs):
 
 def test_every_torchrl_functional_is_here():
     for name in trl.__all__:
-        if name == "vtrace_advantage_estimate":
-            continue  # the V-trace issue adds it
         assert hasattr(ours, name), name
         theirs = inspect.signature(getattr(trl, name)).parameters
         mine = inspect.signature(getattr(ours, name)).parameters

@@ -8,8 +8,10 @@ from ._utils import InputError
 from .eligibility_traces import eligibility_traces
 from .gae import gae
 from .prefix_sum import episodic_prefix_sum
+from .retrace import retrace, retrace_discrete
 from .scan import linear_scan
 from .td_lambda import discounted_return, td_lambda_advantage, td_lambda_return
+from .vtrace import vtrace
 
 __all__ = [
     "InputError",
@@ -20,4 +22,7 @@ __all__ = [
     "discounted_return",
     "eligibility_traces",
     "episodic_prefix_sum",
+    "vtrace",
+    "retrace",
+    "retrace_discrete",
 ]

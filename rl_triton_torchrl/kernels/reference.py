@@ -14,6 +14,9 @@ __all__ = [
     "discounted_return_ref",
     "eligibility_traces_ref",
     "episodic_prefix_sum_ref",
+    "vtrace_ref",
+    "retrace_ref",
+    "retrace_discrete_ref",
 ]
 
 
@@ -134,3 +137,80 @@ def episodic_prefix_sum_ref(x, boundary, *, reset, discount=1.0, time_dim=-2, in
         if reset == "after_done":
             total = torch.where(f[..., t], 0.0, total)  # step t ends an episode
     return _time_back(out, time_dim).to(device), total.to(device)
+
+
+def vtrace_ref(log_pi, log_mu, state_value, next_state_value, reward, done, terminated=None, *, gamma,
+               rho_thresh=1.0, c_thresh=1.0, time_dim=-2, initial_state=None):
+    """Returns (advantage, value_target vs, vs_0 - V_0).
+
+    ``initial_state`` is vs - V at the first step after the window, whose V is taken as the last next_state_value.
+    """
+    shape, device = reward.shape, reward.device
+    terminated = done if terminated is None else terminated
+    lpi, lmu, v, nv, r = (_time_last(x, shape, time_dim) for x in (log_pi, log_mu, state_value, next_state_value,
+                                                                     reward))
+    d, term = (_time_last(x, shape, time_dim).bool() for x in (done, terminated))
+    g, rho_bar, c_bar = (_time_last(x, shape, time_dim) for x in (gamma, rho_thresh, c_thresh))
+    T = r.shape[-1]
+    adv, vs = torch.empty_like(r), torch.empty_like(r)
+    nxt = torch.zeros(r.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
+    for t in reversed(range(T)):
+        ratio = torch.exp(lpi[..., t] - lmu[..., t])
+        rho = torch.minimum(ratio, rho_bar[..., t])
+        c = torch.minimum(ratio, c_bar[..., t])
+        bootstrap = torch.where(term[..., t], 0.0, nv[..., t])
+        # vs at the next step: the true next value after a done step, else the next state plus its value
+        next_v = v[..., t + 1] if t + 1 < T else nv[..., t]
+        vs_next = torch.where(d[..., t], nv[..., t], nxt + next_v)
+        vs_next = torch.where(term[..., t], 0.0, vs_next)
+        adv[..., t] = rho * (r[..., t] + g[..., t] * vs_next - v[..., t])
+        delta = rho * (r[..., t] + g[..., t] * bootstrap - v[..., t])
+        nxt = torch.where(d[..., t], 0.0, nxt)  # a done step starts nothing after it
+        nxt = delta + g[..., t] * c * nxt
+        vs[..., t] = nxt + v[..., t]
+    return _time_back(adv, time_dim).to(device), _time_back(vs, time_dim).to(device), nxt.to(device)
+
+
+def retrace_ref(q_taken, next_expected_q, reward, done, terminated=None, *, ratio=None, log_ratio=None, gamma,
+                lmbda=1.0, c_bar=1.0, time_dim=-2, initial_state=None):
+    """Returns (Q_ret, Q_ret - Q(s_t, a_t), c_0 (Q_ret_0 - Q_0)), written in the Q_ret form of the recurrence.
+
+    ``initial_state`` is c_T (Q_ret_T - Q_T) at the first step after the window.
+    """
+    shape, device = reward.shape, reward.device
+    terminated = done if terminated is None else terminated
+    q, nq, r = (_time_last(x, shape, time_dim) for x in (q_taken, next_expected_q, reward))
+    w = _time_last(ratio, shape, time_dim) if log_ratio is None else _time_last(log_ratio, shape, time_dim).exp()
+    d, term = (_time_last(x, shape, time_dim).bool() for x in (done, terminated))
+    g, lm, cb = (_time_last(x, shape, time_dim) for x in (gamma, lmbda, c_bar))
+    c = lm * torch.minimum(cb, w)  # the traces c_t
+    T = r.shape[-1]
+    q_ret = torch.empty_like(r)
+    carried = torch.zeros(r.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
+    for t in reversed(range(T)):
+        bootstrap = torch.where(term[..., t], 0.0, nq[..., t])
+        correction = carried if t == T - 1 else c[..., t + 1] * (q_ret[..., t + 1] - q[..., t + 1])
+        correction = torch.where(d[..., t], 0.0, correction)  # never mix in the next episode
+        q_ret[..., t] = r[..., t] + g[..., t] * bootstrap + g[..., t] * correction
+    final = carried if T == 0 else c[..., 0] * (q_ret[..., 0] - q[..., 0])
+    return _time_back(q_ret, time_dim).to(device), _time_back(q_ret - q, time_dim).to(device), final.to(device)
+
+
+def retrace_discrete_ref(pi, action, q_values, next_pi, next_q_values, reward, done, terminated=None, *,
+                         behavior_prob=None, behavior_log_prob=None, time_dim=-2, **kw):
+    """Retrace from per-action tensors ``[*B, T, A]``: the expectation and the gathers written out, then
+    ``retrace_ref``."""
+    A = pi.shape[-1]
+    pi, q, npi, nq = (x.double() for x in (pi, q_values, next_pi, next_q_values))
+    one_hot = torch.nn.functional.one_hot(action, A).double()
+    q_taken = (one_hot * q).sum(-1)
+    pi_taken = (one_hot * pi).sum(-1)
+    next_expected_q = torch.zeros(nq.shape[:-1], dtype=torch.float64, device=nq.device)
+    for a in range(A):
+        next_expected_q += npi[..., a] * nq[..., a]
+    if behavior_log_prob is None:
+        w = {"ratio": pi_taken / behavior_prob.double()}
+    else:
+        w = {"log_ratio": pi_taken.log() - behavior_log_prob.double()}
+    return retrace_ref(q_taken, next_expected_q, reward.double(), done, terminated, time_dim=time_dim % pi.dim(),
+                       **w, **kw)

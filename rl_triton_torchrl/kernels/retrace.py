@@ -1,0 +1,326 @@
+r"""Retrace(:math:`\lambda`) Q targets (Munos et al., 2016).
+
+With the truncated traces :math:`c_t = \lambda_t \min(\bar c, \pi(a_t|s_t) / \mu(a_t|s_t))`, the Retrace target of
+the taken action is
+
+.. math::
+
+    Q^{ret}_t = r_t + \gamma_t (1 - \mathrm{terminated}_t)\, \mathbb{E}_\pi Q(s'_t, \cdot)
+                + \gamma_t (1 - \mathrm{done}_t)\, c_{t+1} \big(Q^{ret}_{t+1} - Q(s_{t+1}, a_{t+1})\big),
+
+the trace of the *next* step, :math:`c_{t+1}`, weighting the correction it carries back. :math:`s'_t` is the
+observation reached by step t, so :math:`\mathbb{E}_\pi Q(s'_t, \cdot)` (``next_expected_q``) bootstraps a
+truncation from the true next state, a termination bootstraps from nothing, and a done step never reads the next
+episode. The kernel scans the correction :math:`g_t = Q^{ret}_t - Q(s_t, a_t)`:
+
+.. math::
+
+    g_t = \underbrace{r_t + \gamma_t (1 - \mathrm{terminated}_t)\, \mathbb{E}_\pi Q(s'_t, \cdot) - Q(s_t, a_t)}_{b_t}
+          + \underbrace{\gamma_t (1 - \mathrm{done}_t)\, c_{t+1}}_{a_t}\, g_{t+1},
+
+a reverse scan whose :math:`c_{t+1}` is a plain load one step later (not a scan). The carried state is
+:math:`u_T = c_T g_T`, the trace-weighted correction at the first step of the following segment of the rollout
+(``initial_state``), since :math:`c_T` belongs to that segment: the last step takes :math:`c_{t+1} = 1` and
+:math:`g_{t+1} = u_T`. Without it :math:`u_T = 0`: the window end bootstraps from
+:math:`\mathbb{E}_\pi Q(s'_{T-1}, \cdot)` like a truncation. The final state is :math:`u_0 = c_0 g_0`. Outputs are
+:math:`Q^{ret}_t` and the advantage :math:`g_t = Q^{ret}_t - Q(s_t, a_t)`.
+
+``retrace`` takes the generic per-step inputs (any action space): :math:`Q(s_t, a_t)`, the ratio
+:math:`\pi / \mu` of the taken action (or its log) and :math:`\mathbb{E}_\pi Q(s'_t, \cdot)`. ``retrace_discrete``
+takes the per-action tensors of a discrete action space and reduces them to those with a gather and a sum.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._utils import InputError, check_coef, check_inputs, resolve_backend
+from .scan import (
+    _chunk_time, _row_block, edge_column, from_rows_time, launch, load_coef, load_state, load_tile, new_outputs,
+    not_flag, rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
+)
+
+__all__ = ["retrace", "retrace_discrete"]
+
+
+def retrace_coefficients(reward, q_taken, next_expected_q, not_done, not_terminated, gamma, next_trace):
+    """(a_t, b_t) of the Retrace correction recurrence, with next_trace = c_(t+1); plain arithmetic shared by the
+    Triton kernel and the torch path."""
+    return gamma * not_done * next_trace, reward + gamma * not_terminated * next_expected_q - q_taken
+
+
+_retrace_coefficients = triton.jit(retrace_coefficients)
+
+
+@triton.jit
+def _trace(
+    ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t, m,
+    s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i,
+    ACC: tl.constexpr, LOG_RATIO: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
+):
+    """The traces c = lmbda * min(c_bar, ratio) [BLOCK_R, BLOCK_T] of the steps o_t."""
+    b_ratio = load_tile(ratio_ptr, o_o, o_i, o_t, s_ratio_o, s_ratio_t, s_ratio_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    if LOG_RATIO:
+        b_ratio = tl.exp(b_ratio)
+    b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
+    b_cb = load_coef(c_bar_ptr, c_bar, o_o, o_i, o_t, s_c_bar_o, s_c_bar_t, s_c_bar_i, m, ACC, C_BAR_TENSOR)
+    return b_l * tl.minimum(b_ratio, b_cb)
+
+
+@triton.jit
+def _retrace_fwd_kernel(
+    r_ptr, q_ptr, nq_ptr, ratio_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, c_bar_ptr, qret_ptr, adv_ptr,
+    h0_ptr, ht_ptr,
+    gamma, lmbda, c_bar, n_rows, inner, T,
+    s_r_o, s_r_t, s_r_i, s_q_o, s_q_t, s_q_i, s_nq_o, s_nq_t, s_nq_i, s_ratio_o, s_ratio_t, s_ratio_i,
+    s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+    s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i,
+    ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
+    LOG_RATIO: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
+    b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)  # [BLOCK_R]
+    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    for i_c in range(n_chunks):
+        o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, True)
+        m = m_r[:, None] & m_t[None, :]
+        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_q = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_nq = load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)
+        b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
+        # c_(t+1): a load one step later; past the window end 1, the carried state being c_T g_T already
+        o_t1 = o_t + 1
+        m_t1 = o_t1 < T
+        b_c1 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1, m_r[:, None] & m_t1[None, :],
+                      s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
+                      s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
+        b_c1 = tl.where(m_t1[None, :], b_c1, 1.0)  # [BLOCK_R, BLOCK_T]
+        b_a, b_b = _retrace_coefficients(b_r, b_q, b_nq, b_nd, b_nterm, b_g, b_c1)
+        b_adv, b_h = scan_tile(b_a, b_b, b_h, m, True)
+        store_tile(qret_ptr, b_adv + b_q, o_o, o_i, o_t, T, inner, m)
+        store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
+    if STORE_FINAL_STATE:  # u_0 = c_0 g_0: the trace of step 0, read from column 0 of a first-chunk tile
+        o_t = tl.arange(0, BLOCK_T).to(tl.int64)
+        m_0 = m_r[:, None] & (o_t == 0)[None, :]
+        b_c0 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t, m_0,
+                      s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
+                      s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
+        tl.store(ht_ptr + o_r, edge_column(b_c0, True) * b_h, mask=m_r)
+
+
+def retrace(
+    q_taken: torch.Tensor,
+    next_expected_q: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor | None = None,
+    *,
+    ratio: torch.Tensor | None = None,
+    log_ratio: torch.Tensor | None = None,
+    gamma: float | torch.Tensor,
+    lmbda: float | torch.Tensor = 1.0,
+    c_bar: float | torch.Tensor = 1.0,
+    time_dim: int = -2,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+):
+    r"""Retrace(:math:`\lambda`) targets from per-step inputs (any action space, e.g. continuous actions).
+
+    Args:
+        q_taken (Tensor): ``[*B, T, *F]`` :math:`Q(s_t, a_t)` of the taken actions.
+        next_expected_q (Tensor): ``[*B, T, *F]`` :math:`\mathbb{E}_{a \sim \pi} Q(s'_t, a)` at the observation
+            :math:`s'_t` reached by step t (the true next state, also at a truncation).
+        reward (Tensor): ``[*B, T, *F]`` rewards.
+        done (Tensor): ``[*B, T, *F]`` bool, the trajectory ends after step t (terminated or truncated).
+        terminated (Tensor, optional): ``[*B, T, *F]`` bool, the episode terminated at step t (no bootstrap).
+            Defaults to ``done``.
+
+    Keyword Args:
+        ratio (Tensor, optional): ``[*B, T, *F]`` :math:`\pi(a_t|s_t) / \mu(a_t|s_t)` of the taken actions.
+        log_ratio (Tensor, optional): ``[*B, T, *F]`` its logarithm :math:`\log\pi - \log\mu`. Pass exactly one of
+            ``ratio`` and ``log_ratio``.
+        gamma (float or Tensor): discount, a number or a tensor broadcastable to the inputs.
+        lmbda (float or Tensor): :math:`\lambda` in :math:`[0, 1]`, likewise. Defaults to ``1.0``.
+        c_bar (float or Tensor): :math:`\bar c`, the clip of the ratio in the traces (finite, non-negative, no
+            upper bound), likewise. Defaults to ``1.0``.
+        time_dim (int): the time dimension. Defaults to ``-2``.
+        initial_state (Tensor, optional): ``[*B, *F]`` :math:`u_T = c_T (Q^{ret}_T - Q(s_T, a_T))` at the first
+            step of the segment that follows this one. Defaults to zero: the window end bootstraps from
+            ``next_expected_q`` like a truncation.
+        output_final_state (bool): also return :math:`u_0 = c_0 (Q^{ret}_0 - Q(s_0, a_0))` (float32, or float64 for
+            float64 inputs), the state to pass as ``initial_state`` to the preceding segment. Defaults to
+            ``False``.
+        backend (str): ``"auto"`` (Triton on CUDA, torch elsewhere), ``"triton"`` or ``"torch"``.
+
+    Returns:
+        ``(q_ret, advantage)``: :math:`Q^{ret}_t` and :math:`Q^{ret}_t - Q(s_t, a_t)` in the input shape and dtype,
+        plus the final state if asked for.
+
+    Examples:
+        >>> q = torch.zeros(1, 3, 1)
+        >>> next_q = torch.ones(1, 3, 1)
+        >>> reward = torch.ones(1, 3, 1)
+        >>> done = torch.zeros(1, 3, 1, dtype=torch.bool)
+        >>> ratio = torch.full((1, 3, 1), 0.5)
+        >>> q_ret, adv = retrace(q, next_q, reward, done, ratio=ratio, gamma=0.9)
+        >>> q_ret[0, :, 0]
+        tensor([3.1398, 2.7550, 1.9000])
+    """
+    if (ratio is None) == (log_ratio is None):
+        raise InputError("pass exactly one of ratio and log_ratio")
+    layout = check_inputs(
+        time_dim,
+        {"q_taken": q_taken, "next_expected_q": next_expected_q, "reward": reward, "ratio": ratio,
+         "log_ratio": log_ratio},
+        {"done": done, "terminated": terminated},
+        {"initial_state": initial_state},
+    )
+    gamma = check_coef("gamma", gamma, layout)
+    lmbda = check_coef("lmbda", lmbda, layout)
+    c_bar = check_coef("c_bar", c_bar, layout, high=None)
+    terminated = done if terminated is None else terminated
+    q_ret, adv = new_outputs(layout, 2)
+    if layout.empty:
+        ht = torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)
+        if initial_state is not None:
+            ht.copy_(initial_state)
+    elif resolve_backend(backend, layout.device, q_taken, next_expected_q, reward, ratio, log_ratio, gamma, lmbda,
+                         c_bar, initial_state) == "torch":
+        w = rows_time(ratio, layout) if log_ratio is None else torch.exp(rows_time(log_ratio, layout))
+        c = rows_time(lmbda, layout) * w.clamp_max(rows_time(c_bar, layout))
+        c = c.expand_as(w)  # lmbda and c_bar may both be numbers
+        c1 = torch.cat([c[:, 1:], torch.ones_like(c[:, :1])], dim=1)  # c_(t+1), 1 past the window end
+        q = rows_time(q_taken, layout)
+        b_a, b_b = retrace_coefficients(
+            rows_time(reward, layout), q, rows_time(next_expected_q, layout), not_flag(done, layout),
+            not_flag(terminated, layout), rows_time(gamma, layout), c1,
+        )
+        h, ht = torch_linear_scan(b_a, b_b, rows_state(initial_state), reverse=True)
+        q_ret, adv, ht = from_rows_time(h + q, layout), from_rows_time(h, layout), state_out(c[:, 0] * ht, layout)
+    else:
+        ht = launch(
+            _retrace_fwd_kernel, layout,
+            inputs={"r": reward, "q": q_taken, "nq": next_expected_q, "d": done, "term": terminated,
+                    "ratio": ratio if log_ratio is None else log_ratio},
+            coefs={"gamma": gamma, "lmbda": lmbda, "c_bar": c_bar},
+            outputs={"qret": q_ret, "adv": adv},
+            initial_state=initial_state, output_final_state=output_final_state, LOG_RATIO=log_ratio is not None,
+        )
+    return (q_ret, adv, ht) if output_final_state else (q_ret, adv)
+
+
+def retrace_discrete(
+    pi: torch.Tensor,
+    action: torch.Tensor,
+    q_values: torch.Tensor,
+    next_pi: torch.Tensor,
+    next_q_values: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor | None = None,
+    *,
+    behavior_prob: torch.Tensor | None = None,
+    behavior_log_prob: torch.Tensor | None = None,
+    gamma: float | torch.Tensor,
+    lmbda: float | torch.Tensor = 1.0,
+    c_bar: float | torch.Tensor = 1.0,
+    time_dim: int = -2,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+):
+    r"""Retrace(:math:`\lambda`) targets for a discrete action space, from per-action tensors.
+
+    Reduces its inputs to those of :func:`retrace` with a few torch ops, in the accumulation dtype (float32, or
+    float64 for float64 inputs): :math:`Q(s_t, a_t)` and :math:`\pi(a_t|s_t)` by a gather along the action
+    dimension, :math:`\mathbb{E}_\pi Q(s'_t, \cdot) = \sum_a \pi(a|s'_t) Q(s'_t, a)` by a product and a sum, the
+    ratio by a division (or a difference of logs); then runs the generic kernel (or torch path) on them and casts
+    its outputs to the input dtype (a no-op for float32 and float64).
+
+    Args:
+        pi (Tensor): ``[*B, T, A]`` target-policy probabilities :math:`\pi(\cdot|s_t)`, actions last.
+        action (Tensor): ``[*B, T]`` int64 index of the taken action :math:`a_t`.
+        q_values (Tensor): ``[*B, T, A]`` :math:`Q(s_t, \cdot)`.
+        next_pi (Tensor): ``[*B, T, A]`` :math:`\pi(\cdot|s'_t)` at the observation reached by step t.
+        next_q_values (Tensor): ``[*B, T, A]`` :math:`Q(s'_t, \cdot)` at the observation reached by step t (the
+            true next state, also at a truncation).
+        reward (Tensor): ``[*B, T]`` rewards.
+        done (Tensor): ``[*B, T]`` bool, the trajectory ends after step t.
+        terminated (Tensor, optional): ``[*B, T]`` bool, the episode terminated at step t. Defaults to ``done``.
+
+    Keyword Args:
+        behavior_prob (Tensor, optional): ``[*B, T]`` :math:`\mu(a_t|s_t)`, the behaviour probability of the taken
+            action.
+        behavior_log_prob (Tensor, optional): ``[*B, T]`` its logarithm. Pass exactly one of the two.
+        gamma, lmbda, c_bar, initial_state, output_final_state, backend: as in :func:`retrace` (states are
+            ``[*B]``).
+        time_dim (int): the time dimension of the ``[*B, T, A]`` inputs (not the last one). Defaults to ``-2``.
+
+    Returns:
+        ``(q_ret, advantage)`` of shape ``[*B, T]`` in the input dtype, plus the final state if asked for.
+
+    Examples:
+        >>> pi = torch.tensor([[[0.5, 0.5], [1.0, 0.0]]])  # [1, 2, 2]
+        >>> action = torch.tensor([[0, 0]])
+        >>> q = torch.zeros(1, 2, 2)
+        >>> reward = torch.ones(1, 2)
+        >>> done = torch.zeros(1, 2, dtype=torch.bool)
+        >>> mu = torch.full((1, 2), 0.5)
+        >>> q_ret, adv = retrace_discrete(pi, action, q, pi, q, reward, done, behavior_prob=mu, gamma=0.9)
+        >>> q_ret[0]
+        tensor([1.9000, 1.0000])
+    """
+    if (behavior_prob is None) == (behavior_log_prob is None):
+        raise InputError("pass exactly one of behavior_prob and behavior_log_prob")
+    layout = check_inputs(
+        time_dim, {"pi": pi, "q_values": q_values, "next_pi": next_pi, "next_q_values": next_q_values}, {}
+    )
+    if layout.time_dim == len(layout.shape) - 1:
+        raise InputError(f"time_dim={time_dim} is the action dimension of inputs of shape {tuple(layout.shape)}: "
+                         "actions must be the last dimension, time another one")
+    if not isinstance(action, torch.Tensor):
+        raise TypeError(f"action must be a torch.Tensor, got {type(action).__name__}")
+    if action.dtype != torch.int64:
+        raise TypeError(f"action must be an int64 tensor of action indices, got {action.dtype}")
+    if action.shape != layout.shape[:-1]:
+        raise InputError(f"action has shape {tuple(action.shape)}, expected {tuple(layout.shape[:-1])} (the shape "
+                         "of pi without its action dimension)")
+    if action.device != layout.device:
+        raise InputError(f"action is on {action.device} but pi is on {layout.device}")
+    n_actions = layout.shape[-1]
+    if action.device.type == "cpu" and action.numel() and not (0 <= action.min() and action.max() < n_actions):
+        raise InputError(f"action holds indices outside [0, {n_actions}): {action.min().item()}.."
+                         f"{action.max().item()}")
+    mu = behavior_prob if behavior_log_prob is None else behavior_log_prob
+    mu_name = "behavior_prob" if behavior_log_prob is None else "behavior_log_prob"
+    if not isinstance(mu, torch.Tensor):
+        raise TypeError(f"{mu_name} must be a torch.Tensor, got {type(mu).__name__}")
+    if mu.dtype != layout.dtype:
+        raise TypeError(f"{mu_name} has dtype {mu.dtype} but pi has {layout.dtype}: pass one float dtype")
+    if mu.shape != action.shape:
+        raise InputError(f"{mu_name} has shape {tuple(mu.shape)}, expected {tuple(action.shape)}")
+    if mu.device != layout.device:
+        raise InputError(f"{mu_name} is on {mu.device} but pi is on {layout.device}")
+    # the reductions in the accumulation dtype; the generic kernel runs on them, and the outputs are cast back
+    acc, dtype = layout.acc_dtype, layout.dtype
+    idx = action.unsqueeze(-1)
+    q_taken = q_values.gather(-1, idx).squeeze(-1).to(acc)
+    pi_taken = pi.gather(-1, idx).squeeze(-1).to(acc)
+    next_expected_q = (next_pi.to(acc) * next_q_values.to(acc)).sum(-1)
+    if behavior_log_prob is None:
+        weights = {"ratio": pi_taken / behavior_prob.to(acc)}
+    else:
+        weights = {"log_ratio": pi_taken.log() - behavior_log_prob.to(acc)}
+    if not isinstance(reward, torch.Tensor) or reward.dtype != dtype:
+        raise TypeError(f"reward must be a {dtype} tensor like pi, got "
+                        f"{reward.dtype if isinstance(reward, torch.Tensor) else type(reward).__name__}")
+    out = retrace(q_taken, next_expected_q, reward.to(acc), done, terminated, **weights, gamma=gamma, lmbda=lmbda,
+                  c_bar=c_bar, time_dim=layout.time_dim, initial_state=initial_state,
+                  output_final_state=output_final_state, backend=backend)
+    q_ret, adv = out[0].to(dtype), out[1].to(dtype)
+    return (q_ret, adv, out[2]) if output_final_state else (q_ret, adv)

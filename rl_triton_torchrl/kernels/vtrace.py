@@ -1,0 +1,238 @@
+r"""V-trace off-policy targets (Espeholt et al., 2018, IMPALA).
+
+With the truncated importance weights :math:`\rho_t = \min(\bar\rho, \pi_t / \mu_t)` and
+:math:`c_t = \min(\bar c, \pi_t / \mu_t)` (:math:`\pi_t / \mu_t = \exp(\log\pi_t - \log\mu_t)`),
+
+.. math::
+
+    \delta_t = \rho_t \big(r_t + \gamma_t (1 - \mathrm{terminated}_t)\, V'_t - V_t\big), \qquad
+    h_t = v_{s_t} - V_t = \delta_t + \gamma_t (1 - \mathrm{done}_t)\, c_t\, h_{t+1},
+
+a reverse scan with :math:`a_t = \gamma_t (1 - \mathrm{done}_t) c_t` and :math:`b_t = \delta_t`. The value target is
+:math:`v_{s_t} = h_t + V_t` and the advantage is :math:`\delta_t` with :math:`v_{s_{t+1}}` in place of :math:`V'_t`,
+
+.. math::
+
+    A_t = \rho_t \big(r_t + \gamma_t (1 - \mathrm{terminated}_t)\, v_{s_{t+1}} - V_t\big), \qquad
+    v_{s_{t+1}} = \begin{cases} V'_t & \mathrm{done}_t \\ h_{t+1} + V_{t+1} & t < T - 1 \\
+                                h_T + V'_{T-1} & t = T - 1, \end{cases}
+
+so the advantage needs the state one step later in scan order (an exclusive scan): the kernel scans the
+coefficients loaded one step shifted, so that each column receives :math:`h_{t+1}` (the last column of a chunk the
+state carried in from the chunk after it), and forms :math:`h_t = a_t h_{t+1} + b_t` elementwise.
+
+:math:`V'_t` (``next_state_value``) is the value of the observation reached by step t, so a truncation bootstraps
+from it, a termination does not, and a done step never reads the next episode. The carried state
+:math:`h_T` is :math:`v_s - V` at the first step of the following segment of the same rollout (``initial_state``),
+with :math:`V` there taken as :math:`V'_{T-1}`, which is the same number wherever the rollout goes on; without it
+:math:`h_T = 0`, i.e. the window end bootstraps from :math:`V'_{T-1}` like a truncation. The same numbers as
+TorchRL's loop ``vtrace_advantage_estimate``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._utils import check_coef, check_inputs, resolve_backend
+from .scan import (
+    _chunk_time, _row_block, edge_column, from_rows_time, launch, load_coef, load_state, load_tile, new_outputs,
+    not_flag, rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
+)
+
+__all__ = ["vtrace"]
+
+
+def vtrace_coefficients(reward, state_value, next_state_value, not_done, not_terminated, gamma, rho, c):
+    """(a_t, b_t) of the V-trace recurrence, from the clipped weights rho_t and c_t; plain arithmetic shared by the
+    Triton kernel and the torch path. With v_(s_(t+1)) as ``next_state_value``, b_t is the advantage."""
+    delta = rho * (reward + gamma * not_terminated * next_state_value - state_value)
+    return gamma * not_done * c, delta
+
+
+_vtrace_coefficients = triton.jit(vtrace_coefficients)
+
+
+@triton.jit
+def _vtrace_step(
+    lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
+    gamma, rho_thresh, c_thresh, o_o, o_i, o_t, m,
+    s_lpi_o, s_lpi_t, s_lpi_i, s_lmu_o, s_lmu_t, s_lmu_i, s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i,
+    s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+    s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
+    s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
+    ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, RHO_THRESH_TENSOR: tl.constexpr, C_THRESH_TENSOR: tl.constexpr,
+):
+    """Loads the steps o_t of a tile; returns (a, b, rho, reward, value, next value, not terminated, gamma)."""
+    b_lpi = load_tile(lpi_ptr, o_o, o_i, o_t, s_lpi_o, s_lpi_t, s_lpi_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    b_lmu = load_tile(lmu_ptr, o_o, o_i, o_t, s_lmu_o, s_lmu_t, s_lmu_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    b_ratio = tl.exp(b_lpi - b_lmu)  # [BLOCK_R, BLOCK_T]
+    b_rt = load_coef(rho_thresh_ptr, rho_thresh, o_o, o_i, o_t, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
+                     m, ACC, RHO_THRESH_TENSOR)
+    b_ct = load_coef(c_thresh_ptr, c_thresh, o_o, o_i, o_t, s_c_thresh_o, s_c_thresh_t, s_c_thresh_i, m, ACC,
+                     C_THRESH_TENSOR)
+    b_rho = tl.minimum(b_ratio, b_rt)  # [BLOCK_R, BLOCK_T]
+    b_c = tl.minimum(b_ratio, b_ct)  # [BLOCK_R, BLOCK_T]
+    b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
+    b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
+    return b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g
+
+
+@triton.jit
+def _vtrace_fwd_kernel(
+    lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
+    adv_ptr, vs_ptr, h0_ptr, ht_ptr,
+    gamma, rho_thresh, c_thresh, n_rows, inner, T,
+    s_lpi_o, s_lpi_t, s_lpi_i, s_lmu_o, s_lmu_t, s_lmu_i, s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i,
+    s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+    s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
+    s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
+    ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, RHO_THRESH_TENSOR: tl.constexpr, C_THRESH_TENSOR: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
+    b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)  # [BLOCK_R] h after the chunk
+    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    for i_c in range(n_chunks):
+        o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, True)
+        m = m_r[:, None] & m_t[None, :]
+        # step t + 1 inside this chunk; the last column (and t = T - 1) gets the identity, hence the carried state
+        o_t1 = o_t + 1
+        m_t1 = o_t1 < T
+        m_1 = m_r[:, None] & (m_t1 & (tl.arange(0, BLOCK_T) < BLOCK_T - 1))[None, :]
+        b_a1, b_b1, _, _, _, _, _, _, _ = _vtrace_step(
+            lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
+            gamma, rho_thresh, c_thresh, o_o, o_i, o_t1, m_1,
+            s_lpi_o, s_lpi_t, s_lpi_i, s_lmu_o, s_lmu_t, s_lmu_i, s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i,
+            s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+            s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
+            s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
+            ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR,
+        )
+        b_h1, _ = scan_tile(b_a1, b_b1, b_h, m_1, True)  # [BLOCK_R, BLOCK_T] h_(t+1)
+        b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g = _vtrace_step(
+            lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
+            gamma, rho_thresh, c_thresh, o_o, o_i, o_t, m,
+            s_lpi_o, s_lpi_t, s_lpi_i, s_lmu_o, s_lmu_t, s_lmu_i, s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i,
+            s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+            s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
+            s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
+            ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR,
+        )
+        b_hc = b_a * b_h1 + b_b  # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t
+        # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone
+        b_v1 = load_tile(v_ptr, o_o, o_i, o_t1, s_v_o, s_v_t, s_v_i, m_r[:, None] & m_t1[None, :], ACC)
+        b_v1 = tl.where(m_t1[None, :], b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
+        b_vs1 = tl.where(b_nd > 0.0, b_h1 + b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
+        _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
+        store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
+        store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m)
+        b_h = edge_column(b_hc, True)  # [BLOCK_R] h at the chunk's first step
+    if STORE_FINAL_STATE:
+        tl.store(ht_ptr + o_r, b_h, mask=m_r)
+
+
+def vtrace(
+    log_pi: torch.Tensor,
+    log_mu: torch.Tensor,
+    state_value: torch.Tensor,
+    next_state_value: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor | None = None,
+    *,
+    gamma: float | torch.Tensor,
+    rho_thresh: float | torch.Tensor = 1.0,
+    c_thresh: float | torch.Tensor = 1.0,
+    time_dim: int = -2,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+):
+    r"""V-trace advantage and value target :math:`v_s` in one pass.
+
+    Args:
+        log_pi (Tensor): ``[*B, T, *F]`` log-probabilities of the taken actions under the target (learner)
+            policy.
+        log_mu (Tensor): ``[*B, T, *F]`` log-probabilities of the taken actions under the behaviour (actor)
+            policy.
+        state_value (Tensor): ``[*B, T, *F]`` values :math:`V(s_t)`.
+        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations :math:`V(s_{t+1})`.
+        reward (Tensor): ``[*B, T, *F]`` rewards.
+        done (Tensor): ``[*B, T, *F]`` bool, the trajectory ends after step t (terminated or truncated).
+        terminated (Tensor, optional): ``[*B, T, *F]`` bool, the episode terminated at step t (no bootstrap).
+            Defaults to ``done``.
+
+    Keyword Args:
+        gamma (float or Tensor): discount, a number or a tensor broadcastable to the inputs.
+        rho_thresh (float or Tensor): :math:`\bar\rho`, the clip of the weights of the TD errors (finite,
+            non-negative, no upper bound), a number or a broadcastable tensor. Defaults to ``1.0``.
+        c_thresh (float or Tensor): :math:`\bar c`, the clip of the trace weights, likewise. Defaults to ``1.0``.
+        time_dim (int): the time dimension. Defaults to ``-2``.
+        initial_state (Tensor, optional): ``[*B, *F]`` :math:`h_T = v_s - V` at the first step of the segment
+            that follows this one (its :math:`V` being this segment's last ``next_state_value``). Defaults to
+            zero: the window end bootstraps from ``next_state_value`` like a truncation.
+        output_final_state (bool): also return :math:`h_0 = v_{s_0} - V_0` (float32, or float64 for float64
+            inputs), the state to pass as ``initial_state`` to the preceding segment. Defaults to ``False``.
+        backend (str): ``"auto"`` (Triton on CUDA, torch elsewhere), ``"triton"`` or ``"torch"``.
+
+    Returns:
+        ``(advantage, value_target)`` in the input shape and dtype, plus the final state if asked for.
+
+    Examples:
+        >>> log_pi = torch.zeros(1, 3, 1)
+        >>> log_mu = torch.full((1, 3, 1), 0.5)
+        >>> value = torch.zeros(1, 3, 1)
+        >>> reward = torch.ones(1, 3, 1)
+        >>> done = torch.zeros(1, 3, 1, dtype=torch.bool)
+        >>> adv, vs = vtrace(log_pi, log_mu, value, value, reward, done, gamma=0.9)
+        >>> vs[0, :, 0]
+        tensor([1.1184, 0.9376, 0.6065])
+    """
+    layout = check_inputs(
+        time_dim,
+        {"log_pi": log_pi, "log_mu": log_mu, "state_value": state_value, "next_state_value": next_state_value,
+         "reward": reward},
+        {"done": done, "terminated": terminated},
+        {"initial_state": initial_state},
+    )
+    gamma = check_coef("gamma", gamma, layout)
+    rho_thresh = check_coef("rho_thresh", rho_thresh, layout, high=None)
+    c_thresh = check_coef("c_thresh", c_thresh, layout, high=None)
+    terminated = done if terminated is None else terminated
+    adv, vs = new_outputs(layout, 2)
+    if layout.empty:
+        ht = torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)
+        if initial_state is not None:
+            ht.copy_(initial_state)
+    elif resolve_backend(backend, layout.device, log_pi, log_mu, state_value, next_state_value, reward, gamma,
+                         rho_thresh, c_thresh, initial_state) == "torch":
+        ratio = torch.exp(rows_time(log_pi, layout) - rows_time(log_mu, layout))
+        rho = ratio.clamp_max(rows_time(rho_thresh, layout))
+        r, v, nv = (rows_time(x, layout) for x in (reward, state_value, next_state_value))
+        nd, nterm, g = not_flag(done, layout), not_flag(terminated, layout), rows_time(gamma, layout)
+        b_a, b_b = vtrace_coefficients(r, v, nv, nd, nterm, g, rho, ratio.clamp_max(rows_time(c_thresh, layout)))
+        h0 = rows_state(initial_state)
+        h0 = torch.zeros_like(v[:, 0]) if h0 is None else h0.to(v.dtype)
+        h, ht = torch_linear_scan(b_a, b_b, h0, reverse=True)
+        h1 = torch.cat([h[:, 1:], h0[:, None]], dim=1)  # h_(t+1)
+        v1 = torch.cat([v[:, 1:], nv[:, -1:]], dim=1)  # V_(t+1), V'_(T-1) past the window end
+        vs1 = torch.where(rows_time(done, layout), nv, h1 + v1)
+        _, b_adv = vtrace_coefficients(r, v, vs1, nd, nterm, g, rho, rho)
+        adv, vs, ht = from_rows_time(b_adv, layout), from_rows_time(h + v, layout), state_out(ht, layout)
+    else:
+        ht = launch(
+            _vtrace_fwd_kernel, layout,
+            inputs={"lpi": log_pi, "lmu": log_mu, "r": reward, "v": state_value, "nv": next_state_value, "d": done,
+                    "term": terminated},
+            coefs={"gamma": gamma, "rho_thresh": rho_thresh, "c_thresh": c_thresh},
+            outputs={"adv": adv, "vs": vs},
+            initial_state=initial_state, output_final_state=output_final_state,
+        )
+    return (adv, vs, ht) if output_final_state else (adv, vs)

@@ -1,0 +1,426 @@
+"""V-trace and Retrace, every path (torch; Triton, through the interpreter without a GPU), against their float64
+references, and V-trace against TorchRL's loop ``vtrace_advantage_estimate``.
+
+One table (ALGOS) says how to call each variant and its reference; the tests sweep it over sequence lengths, done
+patterns, layouts, dtypes, coefficient tensors, carried states, the multi-chunk path and bad inputs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrl.objectives.value.functional import vtrace_advantage_estimate
+
+from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, randn
+from test_algorithms import make_inputs
+from rl_triton_torchrl.kernels import reference as R
+from rl_triton_torchrl.kernels.retrace import retrace, retrace_discrete
+from rl_triton_torchrl.kernels.vtrace import vtrace
+
+GAMMA, LMBDA = 0.97, 0.9
+N_ACTIONS = 3
+
+
+def make_rollout(shape, time_dim=-2, pattern="random", dtype=torch.float32, layout="contig", seed=0):
+    """``make_inputs`` plus log-probabilities (in the same layout) and the per-action tensors of a discrete rollout
+    of ``shape + (N_ACTIONS,)``."""
+    x = make_inputs(shape, time_dim, pattern, dtype, layout, seed)
+    extra = make_inputs(shape, time_dim, pattern, dtype, layout, seed + 1)  # fresh numbers, same layout
+    x.update(log_pi=extra["reward"], log_mu=extra["value"], log_ratio=extra["next_value"])
+    g = torch.Generator().manual_seed(seed + 2)
+    per_action = tuple(shape) + (N_ACTIONS,)
+    x["pi"] = torch.softmax(randn(per_action, g, torch.float64), -1).to(dtype)
+    x["next_pi"] = torch.softmax(randn(per_action, g, torch.float64), -1).to(dtype)
+    x["q_values"], x["next_q_values"] = randn(per_action, g, dtype), randn(per_action, g, dtype)
+    x["action"] = torch.randint(N_ACTIONS, tuple(shape), generator=g).to(DEVICE)
+    x["behavior_prob"] = (0.1 + 0.9 * torch.rand(tuple(shape), generator=g, dtype=torch.float64)).to(dtype).to(DEVICE)
+    return x
+
+
+def _vtrace(x, **kw):
+    return vtrace(x["log_pi"], x["log_mu"], x["value"], x["next_value"], x["reward"], x["done"], x["terminated"],
+                  **kw)
+
+
+def _vtrace_ref(x, **kw):
+    adv, vs, h = R.vtrace_ref(x["log_pi"], x["log_mu"], x["value"], x["next_value"], x["reward"], x["done"],
+                              x["terminated"], **kw)
+    return (adv, vs), h
+
+
+def _retrace(ratio_form):
+    def weights(x):
+        return {"ratio": x["log_ratio"].exp()} if ratio_form else {"log_ratio": x["log_ratio"]}
+
+    def call(x, **kw):
+        return retrace(x["value"], x["next_value"], x["reward"], x["done"], x["terminated"], **weights(x), **kw)
+
+    def ref(x, **kw):
+        q_ret, adv, h = R.retrace_ref(x["value"], x["next_value"], x["reward"], x["done"], x["terminated"],
+                                      **weights(x), **kw)
+        return (q_ret, adv), h
+
+    return call, ref
+
+
+def _retrace_discrete(log_form):
+    def weights(x):
+        return {"behavior_log_prob": x["behavior_prob"].log()} if log_form else {"behavior_prob": x["behavior_prob"]}
+
+    def args(x):
+        return (x["pi"], x["action"], x["q_values"], x["next_pi"], x["next_q_values"], x["reward"], x["done"],
+                x["terminated"])
+
+    def call(x, time_dim=-2, **kw):
+        return retrace_discrete(*args(x), **weights(x), time_dim=time_dim % x["reward"].dim(), **kw)
+
+    def ref(x, time_dim=-2, **kw):
+        q_ret, adv, h = R.retrace_discrete_ref(*args(x), **weights(x), time_dim=time_dim % x["reward"].dim(), **kw)
+        return (q_ret, adv), h
+
+    return call, ref
+
+
+# name -> (call(inputs, **kw), reference(inputs, **kw) -> (outputs, final state), its coefficient names)
+ALGOS = {
+    "vtrace": (_vtrace, _vtrace_ref, ("rho_thresh", "c_thresh")),
+    "retrace": (*_retrace(ratio_form=False), ("lmbda", "c_bar")),
+    "retrace_ratio": (*_retrace(ratio_form=True), ("lmbda", "c_bar")),
+    "retrace_discrete": (*_retrace_discrete(log_form=False), ("lmbda", "c_bar")),
+    "retrace_discrete_log": (*_retrace_discrete(log_form=True), ("lmbda", "c_bar")),
+}
+# Default values of the two coefficients of each algorithm in the sweeps: clipping and traces both active.
+COEFS = {"vtrace": {"rho_thresh": 1.0, "c_thresh": 0.8}, "retrace": {"lmbda": LMBDA, "c_bar": 1.0}}
+
+
+def _coefs(algo):
+    return dict(COEFS["vtrace" if algo == "vtrace" else "retrace"])
+
+
+def run_and_check(algo, x, backend, *, time_dim=-2, dtype=None, **kw):
+    call, ref, _ = ALGOS[algo]
+    kw = {"gamma": GAMMA, **_coefs(algo), "time_dim": time_dim, **kw}
+    out = call(x, backend=backend, **kw)
+    expected, _ = ref(x, **kw)
+    assert len(out) == len(expected) == 2
+    for i, (o, e) in enumerate(zip(out, expected)):
+        assert o.dtype == x["reward"].dtype, f"{algo} output {i} dtype {o.dtype}"
+        assert o.device == x["reward"].device
+        assert_close(f"{algo}[{i}]", o, e, dtype or x["reward"].dtype)
+
+
+T_SWEEP = [((3, T, 1), -2, p) for T in (1, 3, 63, 200, 1000) for p in PATTERNS]
+LAYOUTS = [
+    ((37, 4, 1), 0, "contig"),  # time-major
+    ((2, 29, 3, 1), 1, "contig"),  # multi-agent
+    ((2, 29, 3, 2), 1, "broadcast"),  # stride-0 inner dim
+    ((3, 40, 2), 1, "sliced"),
+    ((4, 31, 3), 1, "permuted"),
+    ((2, 3, 45), -1, "permuted"),
+    ((50,), 0, "contig"),
+    ((3, 2, 17, 2), -2, "sliced"),
+]
+SWEPT = ["vtrace", "retrace", "retrace_discrete"]  # the other variants differ only in how the weights are given
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", SWEPT)
+@pytest.mark.parametrize("shape,time_dim,pattern", T_SWEEP, ids=[case_id(*c) for c in T_SWEEP])
+def test_t_sweep(algo, backend, shape, time_dim, pattern):
+    run_and_check(algo, make_rollout(shape, time_dim, pattern), backend, time_dim=time_dim)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", ["vtrace", "retrace", "retrace_discrete_log"])
+@pytest.mark.parametrize("shape,time_dim,layout", LAYOUTS, ids=[case_id(s, t, extra=lay) for s, t, lay in LAYOUTS])
+def test_layouts(algo, backend, shape, time_dim, layout):
+    run_and_check(algo, make_rollout(shape, time_dim, "random", layout=layout), backend, time_dim=time_dim)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", list(ALGOS))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_dtypes(algo, backend, dtype):
+    run_and_check(algo, make_rollout((4, 63, 2), -2, "random", dtype=dtype), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_coefficient_tensors(algo, backend):
+    """Per-step gamma, per-row first coefficient and a 0-d second one, as broadcastable tensors."""
+    shape = (3, 41, 2)
+    x = make_rollout(shape)
+    g = torch.Generator().manual_seed(1)
+    first, second = ALGOS[algo][2]
+    gamma = (0.9 + 0.1 * torch.rand(shape, generator=g)).to(DEVICE)
+    per_row = (0.5 + torch.rand(3, 1, 1, generator=g)).clamp_max(1.0).to(DEVICE)
+    run_and_check(algo, x, backend, gamma=gamma, **{first: per_row, second: torch.tensor(0.7, device=DEVICE)})
+    run_and_check(algo, x, backend, gamma=torch.tensor(0.95), **{first: 0.6, second: torch.tensor(2.0)})
+    # large clips (no clipping) and zero clips (no traces / zero-weighted TD errors) are both allowed
+    run_and_check(algo, x, backend, **{first: 1.0, second: 1e30})
+    run_and_check(algo, x, backend, **{first: 0.0, second: 0.0})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", SWEPT)
+@pytest.mark.parametrize("shape,time_dim", [((3, 200, 1), -2), ((45, 2, 3), 0)], ids=["B3-T200", "T45-tdim0"])
+def test_chunked_path(algo, backend, shape, time_dim, small_tiles):
+    """With 16-step tiles and 32-element programs every sequence crosses many chunks and programs; V-trace's shifted
+    scan hands each chunk's last column the state of the chunk after it."""
+    x = make_rollout(shape, time_dim, "trunc_last")
+    run_and_check(algo, x, backend, time_dim=time_dim)
+    x = make_rollout(shape, time_dim, "none")
+    run_and_check(algo, x, backend, time_dim=time_dim, initial_state=_state_for(algo, x, time_dim, seed=3))
+
+
+def _state_for(algo, x, time_dim, seed):
+    """A random carried state of the right shape for ``algo`` on rollout ``x``."""
+    ref = x["reward"]
+    shape = ref.shape[: time_dim % ref.dim()] + ref.shape[time_dim % ref.dim() + 1:]
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", list(ALGOS))
+@pytest.mark.parametrize("T", [1, 63])
+def test_initial_state(algo, backend, T):
+    """A given carried state, on inputs where the following segment need not be consistent with this one."""
+    x = make_rollout((3, T, 2), -2, "random")
+    run_and_check(algo, x, backend, initial_state=_state_for(algo, x, -2, seed=5))
+
+
+def _consistent(x):
+    """The rollout made self-consistent: V'_t = V_(t+1) wherever step t is not done (a collector's data)."""
+    x = dict(x)
+    v, nv, d = x["value"], x["next_value"].clone(), x["done"]
+    nv[:, :-1] = torch.where(d[:, :-1], nv[:, :-1], v[:, 1:])
+    x["next_value"] = nv
+    return x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", list(ALGOS))
+@pytest.mark.parametrize("split", [1, 17, 39])
+def test_carried_state(algo, backend, split):
+    """A rollout cut in two: the later part's final state, fed to the earlier part, gives the uncut result.
+
+    V-trace's carried state takes V at the cut from the earlier part's next_state_value, so the rollout is made
+    consistent (as a collector's is); Retrace's state is exact on any inputs.
+    """
+    call, ref, _ = ALGOS[algo]
+    kw = {"gamma": GAMMA, **_coefs(algo)}
+    x = make_rollout((3, 40, 2), -2, "random")
+    if algo == "vtrace":
+        x = _consistent(x)
+    head = {k: v[:, :split] for k, v in x.items()}
+    tail = {k: v[:, split:] for k, v in x.items()}
+    *tail_out, h_tail = call(tail, backend=backend, output_final_state=True, **kw)
+    *head_out, h_head = call(head, backend=backend, initial_state=h_tail, output_final_state=True, **kw)
+    expected, h_expected = ref(x, **kw)
+    for i, e in enumerate(expected):
+        assert_close(f"{algo}[{i}]", torch.cat([head_out[i], tail_out[i]], dim=1), e)
+    assert h_head.dtype == torch.float32
+    assert_close(f"{algo} final state", h_head, h_expected, torch.float32)
+    _, h_ref_tail = ref(tail, **kw)  # the reference agrees on the carried state
+    assert_close(f"{algo} tail state", h_tail, h_ref_tail, torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", ["vtrace", "retrace"])
+def test_done_isolates_episodes(algo, backend):
+    """Nothing after a done step (of the next episode) changes any output up to it."""
+    call, _, _ = ALGOS[algo]
+    kw = {"gamma": GAMMA, **_coefs(algo)}
+    x = make_rollout((2, 30, 1), -2, "none")
+    for k in ("done", "terminated"):
+        x[k] = x[k].clone()
+    x["done"][:, 11] = True  # a truncation at step 11
+    y = {k: (v.clone() if v.is_floating_point() else v) for k, v in x.items()}
+    for k in ("reward", "value", "next_value", "log_pi", "log_mu", "log_ratio"):
+        y[k][:, 12:] += 10.0
+    out_x, out_y = call(x, backend=backend, **kw), call(y, backend=backend, **kw)
+    for i, (a, b) in enumerate(zip(out_x, out_y)):
+        assert_close(f"{algo}[{i}] up to the truncation", a[:, :12], b[:, :12])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", ["vtrace", "retrace", "retrace_discrete"])
+def test_window_end_is_truncation(algo, backend):
+    """Without a carried state the window end bootstraps like a truncation there, and a zero state is no state."""
+    call, _, _ = ALGOS[algo]
+    kw = {"gamma": GAMMA, **_coefs(algo)}
+    x = make_rollout((3, 25, 1), -2, "random")
+    trunc = dict(x, done=x["done"].clone(), terminated=x["terminated"].clone())
+    trunc["done"][:, -1], trunc["terminated"][:, -1] = True, False
+    plain = dict(x, terminated=trunc["terminated"])
+    zero = torch.zeros(_state_for(algo, x, -2, 0).shape, device=DEVICE)
+    for i, (a, b, c) in enumerate(zip(call(plain, backend=backend, **kw), call(trunc, backend=backend, **kw),
+                                      call(plain, backend=backend, initial_state=zero, **kw))):
+        assert_close(f"{algo}[{i}]", a, b)
+        assert_close(f"{algo}[{i}] zero state", c, a)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_empty(algo, backend):
+    """T = 0 and an empty batch return empty outputs of the right shape, and a carried state passes through."""
+    call, _, _ = ALGOS[algo]
+    kw = {"gamma": GAMMA, **_coefs(algo)}
+    for shape in [(3, 0, 1), (0, 5, 1)]:
+        x = make_rollout(shape)
+        for o in call(x, backend=backend, **kw):
+            assert o.shape == shape
+    x = make_rollout((3, 0, 1))
+    h0 = torch.randn(3, 1, device=DEVICE)
+    *_, h = call(x, backend=backend, initial_state=h0, output_final_state=True, **kw)
+    assert torch.equal(h, h0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parity with TorchRL's loop functional
+# ---------------------------------------------------------------------------------------------------------------
+
+TORCHRL_CASES = [((3, T, 1), p) for T in (1, 3, 63) for p in PATTERNS] + [((2, 3, 40, 2), "random")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape,pattern", TORCHRL_CASES, ids=[case_id(s, -2, p) for s, p in TORCHRL_CASES])
+def test_vtrace_matches_torchrl(backend, shape, pattern):
+    """Float64 and a dyadic gamma, so that TorchRL's float32 discount products are exact: the same numbers."""
+    x = make_rollout(shape, -2, pattern, dtype=torch.float64)
+    args = (x["log_pi"], x["log_mu"], x["value"], x["next_value"], x["reward"], x["done"], x["terminated"])
+    for rho_thresh, c_thresh in [(1.0, 1.0), (1.5, 0.75), (torch.tensor(0.5), torch.full(shape, 1.25, device=DEVICE))]:
+        adv_e, vs_e = vtrace_advantage_estimate(0.9375, *args, rho_thresh=rho_thresh, c_thresh=c_thresh)
+        adv, vs = vtrace(*args, gamma=0.9375, rho_thresh=rho_thresh, c_thresh=c_thresh, backend=backend)
+        assert_close("advantage", adv, adv_e)
+        assert_close("value_target", vs, vs_e)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vtrace_matches_torchrl_float32(backend):
+    """Float32, any gamma and terminated defaulting to done, within float32 tolerance."""
+    x = make_rollout((4, 200, 1), -2, "trunc_last")
+    args = (x["log_pi"], x["log_mu"], x["value"], x["next_value"], x["reward"], x["done"])
+    adv_e, vs_e = vtrace_advantage_estimate(GAMMA, *args)
+    adv, vs = vtrace(*args, gamma=GAMMA, backend=backend)
+    assert_close("advantage", adv, adv_e)
+    assert_close("value_target", vs, vs_e)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad inputs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _cpu_rollout(shape):
+    """Validation does not depend on the device; on the CPU an out-of-range action is caught before any gather."""
+    return {k: v.cpu() for k, v in make_rollout(shape).items()}
+
+
+def _vtrace_args(x):
+    return [x["log_pi"], x["log_mu"], x["value"], x["next_value"], x["reward"], x["done"], x["terminated"]]
+
+
+def test_bad_inputs_vtrace():
+    x = _cpu_rollout((2, 5, 1))
+    args = _vtrace_args(x)
+    with pytest.raises(ValueError, match="rho_thresh"):
+        vtrace(*args, gamma=0.9, rho_thresh=-1.0)
+    with pytest.raises(ValueError, match="c_thresh"):
+        vtrace(*args, gamma=0.9, c_thresh=torch.full((2, 5, 1), -0.5))
+    with pytest.raises(ValueError, match="c_thresh"):
+        vtrace(*args, gamma=0.9, c_thresh=torch.ones(3, 1, 1))
+    with pytest.raises(TypeError, match="rho_thresh"):
+        vtrace(*args, gamma=0.9, rho_thresh="1.0")
+    with pytest.raises(ValueError, match="gamma"):
+        vtrace(*args, gamma=1.5)
+    with pytest.raises(TypeError, match="log_pi"):
+        vtrace(torch.zeros(2, 5, 1, dtype=torch.int64), *args[1:], gamma=0.9)
+    with pytest.raises(TypeError, match="log_mu"):
+        vtrace(args[0], args[1].double(), *args[2:], gamma=0.9)
+    with pytest.raises(ValueError, match="log_mu"):
+        vtrace(args[0], args[1][:, :4], *args[2:], gamma=0.9)
+    with pytest.raises(TypeError, match="done"):
+        vtrace(*args[:5], args[5].float(), gamma=0.9)
+    with pytest.raises(ValueError, match="initial_state"):
+        vtrace(*args, gamma=0.9, initial_state=torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="time_dim"):
+        vtrace(*args, gamma=0.9, time_dim=3)
+    with pytest.raises(ValueError, match="backend"):
+        vtrace(*args, gamma=0.9, backend="cuda")
+
+
+def test_bad_inputs_retrace():
+    x = _cpu_rollout((2, 5, 1))
+    args = (x["value"], x["next_value"], x["reward"], x["done"], x["terminated"])
+    lr = x["log_ratio"]
+    with pytest.raises(ValueError, match="ratio and log_ratio"):
+        retrace(*args, gamma=0.9)
+    with pytest.raises(ValueError, match="ratio and log_ratio"):
+        retrace(*args, ratio=lr.exp(), log_ratio=lr, gamma=0.9)
+    with pytest.raises(ValueError, match="c_bar"):
+        retrace(*args, log_ratio=lr, gamma=0.9, c_bar=-1.0)
+    with pytest.raises(ValueError, match="lmbda"):
+        retrace(*args, log_ratio=lr, gamma=0.9, lmbda=1.5)
+    with pytest.raises(TypeError, match="ratio"):
+        retrace(*args, ratio=lr.double(), gamma=0.9)
+    with pytest.raises(ValueError, match="log_ratio"):
+        retrace(*args, log_ratio=lr[:1], gamma=0.9)
+    with pytest.raises(TypeError, match="terminated"):
+        retrace(*args[:4], args[4].float(), log_ratio=lr, gamma=0.9)
+
+
+def test_bad_inputs_retrace_discrete():
+    x = _cpu_rollout((2, 5))
+    pi, action, q, npi, nq, r, d = (x[k] for k in ("pi", "action", "q_values", "next_pi", "next_q_values", "reward",
+                                                    "done"))
+    mu = x["behavior_prob"]
+
+    def call(**kw):
+        a = {"pi": pi, "action": action, "q_values": q, "next_pi": npi, "next_q_values": nq, "reward": r, "done": d,
+             "behavior_prob": mu, "gamma": 0.9}
+        return retrace_discrete(**{**a, **kw})
+
+    call()  # the valid call works
+    with pytest.raises(TypeError, match="action"):
+        call(action=action.float())
+    with pytest.raises(ValueError, match="action"):
+        call(action=action[:, :4])
+    with pytest.raises(ValueError, match="action"):
+        call(action=action + N_ACTIONS)
+    with pytest.raises(ValueError, match="time_dim"):
+        call(time_dim=-1)
+    with pytest.raises(ValueError, match="behavior_prob and behavior_log_prob"):
+        call(behavior_prob=None)
+    with pytest.raises(ValueError, match="behavior_prob"):
+        call(behavior_prob=mu[:, :4])
+    with pytest.raises(TypeError, match="behavior_prob"):
+        call(behavior_prob=mu.double())
+    with pytest.raises(ValueError, match="next_q_values"):
+        call(next_q_values=nq[..., :2])
+    with pytest.raises(TypeError, match="reward"):
+        call(reward=r.double())
+    with pytest.raises(ValueError, match="reward"):
+        call(reward=r[:, :4])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (too slow for the interpreter)")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("algo", ["vtrace", "retrace", "retrace_discrete"])
+@pytest.mark.parametrize("shape", [(1, 2**20, 1), (16, 2**16, 1)], ids=["B1-T2^20", "B16-T2^16"])
+def test_very_long_sequence_gpu(algo, shape, dtype):
+    """Against the float64 torch path on the CPU (itself checked against the reference above), with a carried
+    state: a Python loop over a million steps would take minutes."""
+    call, _, _ = ALGOS[algo]
+    kw = {"gamma": GAMMA, **_coefs(algo)}
+    x = make_rollout(shape, -2, "random", dtype=dtype)
+    h0 = _state_for(algo, x, -2, seed=7)
+    out = call(x, backend="triton", initial_state=h0, output_final_state=True, **kw)
+    x64 = {k: (v.cpu().double() if v.is_floating_point() else v.cpu()) for k, v in x.items()}
+    expected = call(x64, backend="torch", initial_state=h0.cpu().double(), output_final_state=True, **kw)
+    for i, (o, e) in enumerate(zip(out, expected)):
+        assert_close(f"{algo}[{i}]", o, e, dtype)
