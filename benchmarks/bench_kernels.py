@@ -24,12 +24,18 @@ from rl_triton_torchrl.kernels import scan
 GAMMA, LMBDA = 0.99, 0.95
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def rollout(B, T, dtype, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
     shape = (B, T, 1)
-    term = torch.rand(shape, generator=g, device="cuda") < 0.01
-    trunc = torch.rand(shape, generator=g, device="cuda") < 0.01
-    x = {k: torch.randn(shape, generator=g, device="cuda").to(dtype) for k in ("r", "v", "nv")}
+    term = torch.rand(shape, generator=g, device=DEVICE) < 0.01
+    trunc = torch.rand(shape, generator=g, device=DEVICE) < 0.01
+    x = {k: torch.randn(shape, generator=g, device=DEVICE).to(dtype) for k in ("r", "v", "nv", "eq")}
+    x["lpi"] = (-torch.rand(shape, generator=g, device=DEVICE)).to(dtype)
+    x["lmu"] = (-torch.rand(shape, generator=g, device=DEVICE)).to(dtype)
+    x["ratio"] = torch.rand(shape, generator=g, device=DEVICE).to(dtype) * 2
     return {**x, "d": term | trunc, "t": term}
 
 
@@ -57,6 +63,49 @@ ALGOS = {
             "torchrl_vec": lambda x: trl.vec_td_lambda_return_estimate(GAMMA, LMBDA, x["nv"], x["r"], x["d"],
                                                                        x["t"]),
             "torchrl_loop": lambda x: trl.td_lambda_return_estimate(GAMMA, LMBDA, x["nv"], x["r"], x["d"], x["t"]),
+        },
+    },
+    "vtrace": {
+        "bytes": lambda f: 5 * f + 2 + 2 * f,
+        "ref": lambda x: K.vtrace(x["lpi"], x["lmu"], x["v"], x["nv"], x["r"], x["d"], x["t"], gamma=GAMMA,
+                                  backend="torch")[0],
+        "impls": {
+            "ours_triton": lambda x: K.vtrace(x["lpi"], x["lmu"], x["v"], x["nv"], x["r"], x["d"], x["t"],
+                                              gamma=GAMMA, backend="triton")[0],
+            "torchrl_loop": lambda x: trl.vtrace_advantage_estimate(GAMMA, x["lpi"], x["lmu"], x["v"], x["nv"],
+                                                                    x["r"], x["d"], x["t"])[0],
+        },
+    },
+    "retrace": {
+        "bytes": lambda f: 4 * f + 2 + 2 * f,
+        "ref": lambda x: K.retrace(x["v"], x["eq"], x["r"], x["d"], x["t"], ratio=x["ratio"], gamma=GAMMA,
+                                   lmbda=LMBDA, backend="torch")[0],
+        "impls": {
+            "ours_triton": lambda x: K.retrace(x["v"], x["eq"], x["r"], x["d"], x["t"], ratio=x["ratio"],
+                                               gamma=GAMMA, lmbda=LMBDA, backend="triton")[0],
+        },
+    },
+    "discounted_return": {
+        "bytes": lambda f: 2 * f + 1,
+        "ref": lambda x: K.discounted_return(x["r"], x["d"], gamma=GAMMA, backend="torch"),
+        "impls": {
+            "ours_triton": lambda x: K.discounted_return(x["r"], x["d"], gamma=GAMMA, backend="triton"),
+            "torchrl_vec": lambda x: trl.reward2go(x["r"], x["d"], GAMMA),
+        },
+    },
+    "eligibility_traces": {
+        "bytes": lambda f: 2 * f + 1,
+        "ref": lambda x: K.eligibility_traces(x["r"], x["d"], gamma=GAMMA, lmbda=LMBDA, backend="torch"),
+        "impls": {
+            "ours_triton": lambda x: K.eligibility_traces(x["r"], x["d"], gamma=GAMMA, lmbda=LMBDA,
+                                                          backend="triton"),
+        },
+    },
+    "episodic_prefix_sum": {
+        "bytes": lambda f: 2 * f + 1,
+        "ref": lambda x: K.episodic_prefix_sum(x["r"], x["d"], reset="after_done", backend="torch"),
+        "impls": {
+            "ours_triton": lambda x: K.episodic_prefix_sum(x["r"], x["d"], reset="after_done", backend="triton"),
         },
     },
 }
@@ -98,9 +147,11 @@ def bench_cell(algo, B, T, dtype, bandwidth, impls, skip_slow_loop):
             rows.append(row)
             continue
         row["status"] = "ok"
-        row["device_us"] = device_time_us(lambda: fn(x))
-        row["graph_us"] = graph_time_us(lambda: fn(x))
-        row["wall_us"] = wall_time_us(lambda: fn(x))
+        # without a GPU (a smoke run: Triton through its interpreter) only host wall time exists
+        row["device_us"] = device_time_us(lambda: fn(x)) if DEVICE == "cuda" else wall_time_us(lambda: fn(x), 3)
+        # TorchRL's functionals synchronise with the host (.item()), which a CUDA graph cannot capture
+        row["graph_us"] = graph_time_us(lambda: fn(x)) if impl.startswith("ours") and DEVICE == "cuda" else None
+        row["wall_us"] = wall_time_us(lambda: fn(x), None if DEVICE == "cuda" else 3)
         row["bw_fraction"] = row["limit_us"] / row["device_us"]
         rows.append(row)
         print(f"{algo:10s} {impl:13s} B={B:6d} T={T:5d} {row['dtype']:8s} device {row['device_us']:9.1f} us  "
@@ -144,7 +195,7 @@ def sweep_cell(algo, B, T, dtype):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", default=",".join(ALGOS))
+    parser.add_argument("--algos", default="gae,td_lambda")
     parser.add_argument("--impls", default="ours_triton,torchrl_vec,torchrl_loop")
     parser.add_argument("--B", default="4096,16384,65536")
     parser.add_argument("--T", default="32,128,2048")
@@ -156,7 +207,7 @@ def main():
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     env = environment()
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth() if DEVICE == "cuda" else float("inf")
     env["copy_bandwidth_GBps"] = round(bandwidth / 1e9, 1)
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s on {env.get('gpu')}", flush=True)
     rows, sweeps = [], []
