@@ -148,9 +148,14 @@ def bench_cell(algo, B, T, dtype, bandwidth, impls, skip_slow_loop):
             continue
         row["status"] = "ok"
         # without a GPU (a smoke run: Triton through its interpreter) only host wall time exists
-        row["device_us"] = device_time_us(lambda: fn(x)) if DEVICE == "cuda" else wall_time_us(lambda: fn(x), 3)
-        # TorchRL's functionals synchronise with the host (.item()), which a CUDA graph cannot capture
-        row["graph_us"] = graph_time_us(lambda: fn(x)) if impl.startswith("ours") and DEVICE == "cuda" else None
+        if DEVICE == "cuda":
+            # TorchRL's functionals synchronise with the host (.item()), which a CUDA graph cannot capture
+            capturable = impl.startswith("ours")
+            row["device_us"], row["device_timing"] = device_time_us(lambda: fn(x), capturable)
+            row["graph_us"] = graph_time_us(lambda: fn(x)) if capturable else None
+        else:
+            row["device_us"], row["device_timing"] = wall_time_us(lambda: fn(x), 3), "host wall (no GPU)"
+            row["graph_us"] = None
         row["wall_us"] = wall_time_us(lambda: fn(x), None if DEVICE == "cuda" else 3)
         row["bw_fraction"] = row["limit_us"] / row["device_us"]
         rows.append(row)
@@ -183,7 +188,7 @@ def sweep_cell(algo, B, T, dtype):
                 return c
 
             scan.launch_config = cfg
-            t = device_time_us(lambda: fn(x))
+            t, _ = device_time_us(lambda: fn(x))
             results.append({"tile": tile, "warps": warps, "device_us": t})
             if best is None or t < best["device_us"]:
                 best = results[-1]
@@ -221,7 +226,8 @@ def main():
                 torch.cuda.empty_cache()
     env["sweeps"] = sweeps
     columns = [("algorithm", "algorithm"), ("impl", "implementation"), ("B", "B"), ("T", "T"), ("dtype", "dtype"),
-               ("status", "status"), ("device_us", "device µs (L2 flushed)"), ("graph_us", "µs/call in CUDA graph"),
+               ("status", "status"), ("device_us", "device µs (L2 flushed)"), ("device_timing", "timed as"),
+               ("graph_us", "µs/call in CUDA graph"),
                ("wall_us", "host wall µs/call"), ("limit_us", "bandwidth limit µs"),
                ("bw_fraction", "fraction of copy bw"), ("ours_speedup", "ours is x faster")]
     out = write_results(args.name, env, rows, args.out, columns, f"Kernel benchmark ({env.get('gpu')})",
