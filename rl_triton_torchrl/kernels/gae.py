@@ -20,8 +20,8 @@ import triton.language as tl
 
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
-    _chunk_time, _row_block, from_rows_time, launch, load_coef, load_state, load_tile, new_outputs, not_flag,
-    rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
+    chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,
+    rows_state, rows_time, scan_tile, state_out, store_state, store_tile, torch_linear_scan,
 )
 
 __all__ = ["gae"]
@@ -47,12 +47,10 @@ def _gae_fwd_kernel(
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
-    b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)  # [BLOCK_R]
-    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
+                                                     HAS_INITIAL_STATE)
     for i_c in range(n_chunks):
-        o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, True)
-        m = m_r[:, None] & m_t[None, :]
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC)  # [BLOCK_R, BLOCK_T]
@@ -64,8 +62,7 @@ def _gae_fwd_kernel(
         b_adv, b_h = scan_tile(b_a, b_b, b_h, m, True)
         store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
         store_tile(vt_ptr, b_adv + b_v, o_o, o_i, o_t, T, inner, m)
-    if STORE_FINAL_STATE:
-        tl.store(ht_ptr + o_r, b_h, mask=m_r)
+    store_state(ht_ptr, b_h, o_r, m_r, STORE_FINAL_STATE)
 
 
 def gae(
@@ -125,9 +122,7 @@ def gae(
     terminated = done if terminated is None else terminated
     adv, vt = new_outputs(layout, 2)
     if layout.empty:
-        ht = torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)
-        if initial_state is not None:
-            ht.copy_(initial_state)
+        ht = empty_state(layout, initial_state)
     elif resolve_backend(backend, layout.device, reward, state_value, next_state_value, gamma, lmbda,
                                                     initial_state) == "torch":
         v = rows_time(state_value, layout)

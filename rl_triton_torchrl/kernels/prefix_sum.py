@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
-    _chunk_time, _row_block, from_rows_time, launch, load_coef, load_state, load_tile, new_outputs, not_flag,
+    chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,
     rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
 )
 
@@ -58,12 +58,10 @@ def _prefix_sum_fwd_kernel(
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
-    b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)  # [BLOCK_R]
-    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
+                                                     HAS_INITIAL_STATE)
     for i_c in range(n_chunks):
-        o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, False)
-        m = m_r[:, None] & m_t[None, :]
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, False)
         b_x = load_tile(x_ptr, o_o, o_i, o_t, s_x_o, s_x_t, s_x_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         if AFTER_DONE:  # the flag of the previous step; none before step 0 (the carried state has it applied)
             b_f = load_tile(f_ptr, o_o, o_i, o_t - 1, s_f_o, s_f_t, s_f_i, m & (o_t > 0)[None, :], ACC)
@@ -142,9 +140,7 @@ def episodic_prefix_sum(
     discount = check_coef("discount", discount, layout)
     (s,) = new_outputs(layout, 1)
     if layout.empty:
-        ht = torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)
-        if initial_state is not None:
-            ht.copy_(initial_state)
+        ht = empty_state(layout, initial_state)
     elif resolve_backend(backend, layout.device, x, discount, initial_state) == "torch":
         nf = not_flag(boundary, layout)  # [R, T]
         nr = torch.nn.functional.pad(nf[:, :-1], (1, 0), value=1.0) if after_done else nf  # 1 - reset_t

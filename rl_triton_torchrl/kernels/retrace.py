@@ -37,8 +37,8 @@ import triton.language as tl
 
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
-    _chunk_time, _row_block, edge_column, from_rows_time, launch, load_coef, load_state, load_tile, new_outputs,
-    not_flag, rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
+    chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag,
+    row_prologue, rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
 )
 
 __all__ = ["retrace", "retrace_discrete"]
@@ -80,12 +80,10 @@ def _retrace_fwd_kernel(
     LOG_RATIO: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
-    b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)  # [BLOCK_R]
-    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
+                                                     HAS_INITIAL_STATE)
     for i_c in range(n_chunks):
-        o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, True)
-        m = m_r[:, None] & m_t[None, :]
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_q = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nq = load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC)  # [BLOCK_R, BLOCK_T]
@@ -186,9 +184,7 @@ def retrace(
     terminated = done if terminated is None else terminated
     q_ret, adv = new_outputs(layout, 2)
     if layout.empty:
-        ht = torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)
-        if initial_state is not None:
-            ht.copy_(initial_state)
+        ht = empty_state(layout, initial_state)
     elif resolve_backend(backend, layout.device, q_taken, next_expected_q, reward, ratio, log_ratio, gamma, lmbda,
                          c_bar, initial_state) == "torch":
         w = rows_time(ratio, layout) if log_ratio is None else torch.exp(rows_time(log_ratio, layout))

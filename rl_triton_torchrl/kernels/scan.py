@@ -69,6 +69,32 @@ def _chunk_time(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
+def row_prologue(h0_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+                 HAS_INITIAL_STATE: tl.constexpr):
+    """Start of every scan kernel: this program's rows, the state entering them, and the number of chunks.
+
+    Returns (outer index, inner index, row ids, row mask) [BLOCK_R] int64, the state [BLOCK_R], n_chunks.
+    """
+    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
+    b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)
+    return o_o, o_i, o_r, m_r, b_h, (T + BLOCK_T - 1) // BLOCK_T
+
+
+@triton.jit
+def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
+    """The i_c-th chunk in scan order: time indices [BLOCK_T] (int64) and the tile mask [BLOCK_R, BLOCK_T]."""
+    o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, REVERSE)
+    return o_t, m_r[:, None] & m_t[None, :]
+
+
+@triton.jit
+def store_state(ht_ptr, b_h, o_r, m_r, STORE_FINAL_STATE: tl.constexpr):
+    """End of every scan kernel: the state leaving the sequence, if asked for."""
+    if STORE_FINAL_STATE:
+        tl.store(ht_ptr + o_r, b_h, mask=m_r)
+
+
+@triton.jit
 def _tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i):
     """Pointers [BLOCK_R, BLOCK_T] of a tensor viewed as (outer, T, inner) with strides (s_o, s_t, s_i)."""
     return base + (o_o * s_o + o_i * s_i)[:, None] + o_t[None, :] * s_t
@@ -137,18 +163,15 @@ def _linear_scan_fwd_kernel(
     ACC: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
-    b_h0 = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)  # [BLOCK_R]
-    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
+                                                     HAS_INITIAL_STATE)
     for i_c in range(n_chunks):
-        o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, REVERSE)
-        m = m_r[:, None] & m_t[None, :]
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, REVERSE)
         b_a = load_tile(a_ptr, o_o, o_i, o_t, s_a_o, s_a_t, s_a_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_b = load_tile(b_ptr, o_o, o_i, o_t, s_b_o, s_b_t, s_b_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_h, b_h0 = scan_tile(b_a, b_b, b_h0, m, REVERSE)
-        store_tile(h_ptr, b_h, o_o, o_i, o_t, T, inner, m)
-    if STORE_FINAL_STATE:
-        tl.store(ht_ptr + o_r, b_h0, mask=m_r)
+        b_h_all, b_h = scan_tile(b_a, b_b, b_h, m, REVERSE)
+        store_tile(h_ptr, b_h_all, o_o, o_i, o_t, T, inner, m)
+    store_state(ht_ptr, b_h, o_r, m_r, STORE_FINAL_STATE)
 
 
 def _pow2(n: int) -> int:
@@ -362,7 +385,7 @@ def linear_scan(
     backend = resolve_backend(backend, layout.device, a, b, initial_state)
     if layout.empty:
         h = torch.empty(layout.shape, dtype=layout.dtype, device=layout.device)
-        return (h, _empty_state(layout, initial_state)) if output_final_state else h
+        return (h, empty_state(layout, initial_state)) if output_final_state else h
     if backend == "torch":
         hs, ht = torch_linear_scan(rows_time(a, layout), rows_time(b, layout), rows_state(initial_state), reverse)
         h = from_rows_time(hs, layout)
@@ -373,7 +396,8 @@ def linear_scan(
     return (h, ht) if output_final_state else h
 
 
-def _empty_state(layout: Layout, initial_state):
+def empty_state(layout: Layout, initial_state):
+    """The final state of an empty sequence (T = 0 or no rows): the initial state, or zeros."""
     if initial_state is not None:
         return initial_state.to(layout.acc_dtype).clone()
     return torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)

@@ -36,8 +36,8 @@ import triton.language as tl
 
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
-    _chunk_time, _row_block, edge_column, from_rows_time, launch, load_coef, load_state, load_tile, new_outputs,
-    not_flag, rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
+    chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag,
+    row_prologue, rows_state, rows_time, scan_tile, state_out, store_state, store_tile, torch_linear_scan,
 )
 
 __all__ = ["vtrace"]
@@ -96,12 +96,10 @@ def _vtrace_fwd_kernel(
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
-    b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)  # [BLOCK_R] h after the chunk
-    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
+                                                     HAS_INITIAL_STATE)
     for i_c in range(n_chunks):
-        o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, True)
-        m = m_r[:, None] & m_t[None, :]
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         # step t + 1 inside this chunk; the last column (and t = T - 1) gets the identity, hence the carried state
         o_t1 = o_t + 1
         m_t1 = o_t1 < T
@@ -134,8 +132,7 @@ def _vtrace_fwd_kernel(
         store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
         store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m)
         b_h = edge_column(b_hc, True)  # [BLOCK_R] h at the chunk's first step
-    if STORE_FINAL_STATE:
-        tl.store(ht_ptr + o_r, b_h, mask=m_r)
+    store_state(ht_ptr, b_h, o_r, m_r, STORE_FINAL_STATE)
 
 
 def vtrace(
@@ -208,9 +205,7 @@ def vtrace(
     terminated = done if terminated is None else terminated
     adv, vs = new_outputs(layout, 2)
     if layout.empty:
-        ht = torch.zeros(layout.state_shape, dtype=layout.acc_dtype, device=layout.device)
-        if initial_state is not None:
-            ht.copy_(initial_state)
+        ht = empty_state(layout, initial_state)
     elif resolve_backend(backend, layout.device, log_pi, log_mu, state_value, next_state_value, reward, gamma,
                          rho_thresh, c_thresh, initial_state) == "torch":
         ratio = torch.exp(rows_time(log_pi, layout) - rows_time(log_mu, layout))

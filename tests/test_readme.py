@@ -1,0 +1,21 @@
+"""The README's runnable snippets run."""
+import re
+from pathlib import Path
+
+import pytest
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+RUNNABLE = [b for b in BLOCKS if "from rl_triton_torchrl import GAE" in b or "patch_torchrl()" in b]
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[f"block{i}" for i in range(len(RUNNABLE))])
+def test_snippet_runs(block):
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    if "rollout" in namespace:
+        assert "advantage" in namespace["rollout"].keys()
+
+
+def test_snippets_found():
+    assert len(RUNNABLE) == 2
