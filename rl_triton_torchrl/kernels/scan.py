@@ -256,9 +256,10 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
 def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None, reverse: bool = False):
     """Scans ``h_t = a_t h_(t-1) + b_t`` (or ``h_(t+1)`` with ``reverse``) along the last dimension of ``[R, T]``.
 
-    Two levels: the sequence is cut into ~sqrt(T) chunks; a sequential loop over chunk positions scans every chunk
-    at once (vectorised over rows and chunks), a second loop carries the state across chunks, and one fused update
-    adds each chunk's entering state. 2*sqrt(T) small vectorised steps instead of T.
+    Two levels: the sequence is cut into K chunks of C ~ sqrt(T/2) steps; a sequential loop over the C positions
+    scans every chunk at once (vectorised over rows and chunks), a second loop carries the state across the K
+    chunks, and one fused update adds each chunk's entering state: about 2C + K small vectorised steps instead of
+    T, all out of place so that autograd can differentiate through them.
 
     Args:
         a, b: ``[R, T]`` tensors of one floating dtype (broadcastable to each other).
@@ -269,40 +270,32 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
         (h ``[R, T]``, final state ``[R]``).
     """
     a, b = torch.broadcast_tensors(a, b)
-    if reverse:
-        a, b = a.flip(-1), b.flip(-1)
     R, T = b.shape
-    C = max(1, math.isqrt(T))
+    C = max(1, math.isqrt(T // 2))
     K = -(-T // C)
-    # [C, R, K]: position within the chunk first, so that each step of the loop reads contiguous memory.
-    # Padding past T is the identity step (a = 1, b = 0).
-    a_c = _chunked(a, K, C, 1.0)
-    b_c = _chunked(b, K, C, 0.0)
-    # within-chunk inclusive scans from a zero state (h_loc) and running products of a (p_loc). Out of place, so
-    # that autograd can differentiate through every step.
-    h_loc, p_loc = [b_c[0]], [a_c[0]]
-    for j in range(1, C):
-        h_loc.append(torch.addcmul(b_c[j], a_c[j], h_loc[-1]))
-        p_loc.append(a_c[j] * p_loc[-1])
-    # states entering each chunk, carried sequentially across the K chunks
-    enter = []
+    if K * C > T:  # pad with identity steps (a = 1, b = 0): they pass the state through unchanged
+        a = torch.nn.functional.pad(a, (0, K * C - T), value=1.0)
+        b = torch.nn.functional.pad(b, (0, K * C - T), value=0.0)
+    # [C, R, K]: position within the chunk first, so that each step of the loops reads contiguous memory
+    a_cols = a.reshape(R, K, C).permute(2, 0, 1).contiguous().unbind(0)
+    b_cols = b.reshape(R, K, C).permute(2, 0, 1).contiguous().unbind(0)
+    order = range(C - 1, -1, -1) if reverse else range(C)
+    # within-chunk inclusive scans from a zero state (h_loc) and running products of a (p_loc), in scan order
+    h_loc, p_loc = [None] * C, [None] * C
+    h_j, p_j = None, None
+    for j in order:
+        h_j = b_cols[j] if h_j is None else torch.addcmul(b_cols[j], a_cols[j], h_j)
+        p_j = a_cols[j] if p_j is None else a_cols[j] * p_j
+        h_loc[j], p_loc[j] = h_j, p_j
+    # states entering each chunk, carried sequentially across the K chunks in scan order
+    enter = [None] * K
     h = h0.to(b.dtype) if h0 is not None else torch.zeros(R, dtype=b.dtype, device=b.device)
-    for k in range(K):
-        enter.append(h)
-        h = torch.addcmul(h_loc[-1][:, k], p_loc[-1][:, k], h)
+    h_last, p_last = h_j.t().unbind(0), p_j.t().unbind(0)  # each chunk's composite: K views [R]
+    for k in (range(K - 1, -1, -1) if reverse else range(K)):
+        enter[k] = h
+        h = torch.addcmul(h_last[k], p_last[k], h)
     out = torch.addcmul(torch.stack(h_loc), torch.stack(p_loc), torch.stack(enter, -1))  # [C, R, K]
-    out = out.permute(1, 2, 0).reshape(R, K * C)[:, :T]
-    if reverse:
-        out = out.flip(-1)
-    return out, h
-
-
-def _chunked(x: torch.Tensor, K: int, C: int, fill: float) -> torch.Tensor:
-    """[R, T] -> contiguous [C, R, K], the end padded with ``fill`` up to K * C steps."""
-    pad = K * C - x.shape[-1]
-    if pad:
-        x = torch.nn.functional.pad(x, (0, pad), value=fill)
-    return x.reshape(x.shape[0], K, C).permute(2, 0, 1).contiguous()
+    return out.permute(1, 2, 0).reshape(R, K * C)[:, :T], h
 
 
 def time_last(x, layout: Layout):
