@@ -171,31 +171,40 @@ def bench_cell(algo, B, T, dtype, bandwidth, impls, skip_slow_loop):
 
 
 def sweep_cell(algo, B, T, dtype):
-    """Our kernel over tile sizes and warp counts: the best configuration and its time."""
+    """Our kernel over tile sizes, warp counts and the longest time tile: every configuration checked against the
+    reference, then timed; returns the best and all."""
     spec = ALGOS[algo]
     x = rollout(B, T, dtype)
+    ref = spec["ref"]({k: (v.double() if v.is_floating_point() else v) for k, v in x.items()})
     fn = spec["impls"]["ours_triton"]
     best = None
-    old = (scan.TILE_ELEMENTS, scan.launch_config)
+    old = (scan.TILE_ELEMENTS, scan.MAX_BLOCK_T, scan.launch_config)
     results = []
+    max_ts = (512, 1024, 2048) if T > 512 else (old[1],)
     try:
-        for tile, warps in itertools.product((256, 512, 1024, 2048, 4096, 8192), (1, 2, 4, 8)):
-            scan.TILE_ELEMENTS = tile
+        for tile, warps, max_t in itertools.product((512, 1024, 2048, 4096, 8192), (2, 4, 8), max_ts):
+            scan.TILE_ELEMENTS, scan.MAX_BLOCK_T = tile, max_t
 
-            def cfg(layout, _warps=warps, _orig=old[1]):
+            def cfg(layout, _warps=warps, _orig=old[2]):
                 c = _orig(layout)
                 c["num_warps"] = _warps
                 return c
 
             scan.launch_config = cfg
-            t, _ = device_time_us(lambda: fn(x))
-            results.append({"tile": tile, "warps": warps, "device_us": t})
-            if best is None or t < best["device_us"]:
-                best = results[-1]
+            entry = {"tile": tile, "warps": warps, "max_block_t": max_t}
+            if check(fn(x), ref, dtype) < 0:
+                entry["status"] = "wrong"
+            else:
+                entry["device_us"], _ = device_time_us(lambda: fn(x))
+                if best is None or entry["device_us"] < best["device_us"]:
+                    best = entry
+            results.append(entry)
     finally:
-        scan.TILE_ELEMENTS, scan.launch_config = old
+        scan.TILE_ELEMENTS, scan.MAX_BLOCK_T, scan.launch_config = old
+    default = next((r for r in results if r["tile"] == old[0] and r["warps"] == 4 and r["max_block_t"] == old[1]),
+                   None)
     return {"algorithm": algo, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""), "best": best,
-            "all": results}
+            "default": default, "all": results}
 
 
 def main():
@@ -208,6 +217,7 @@ def main():
     parser.add_argument("--out", default="h200", help="subdirectory of benchmarks/results")
     parser.add_argument("--name", default="bench_kernels")
     parser.add_argument("--sweep", action="store_true", help="also sweep our tile size and warps per cell")
+    parser.add_argument("--sweep-only", action="store_true", help="only the sweep (no baselines)")
     parser.add_argument("--all-loops", action="store_true", help="time TorchRL's loop functionals at every T")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -219,10 +229,12 @@ def main():
     for algo in args.algos.split(","):
         for B in map(int, args.B.split(",")):
             for T in map(int, args.T.split(",")):
-                rows += bench_cell(algo, B, T, dtype, bandwidth, args.impls.split(","), not args.all_loops)
-                if args.sweep:
+                if not args.sweep_only:
+                    rows += bench_cell(algo, B, T, dtype, bandwidth, args.impls.split(","), not args.all_loops)
+                if args.sweep or args.sweep_only:
                     sweeps.append(sweep_cell(algo, B, T, dtype))
-                    print(f"   sweep best {sweeps[-1]['best']}", flush=True)
+                    print(f"   sweep {algo} B={B} T={T}: best {sweeps[-1]['best']}, default {sweeps[-1]['default']}",
+                          flush=True)
                 torch.cuda.empty_cache()
     env["sweeps"] = sweeps
     columns = [("algorithm", "algorithm"), ("impl", "implementation"), ("B", "B"), ("T", "T"), ("dtype", "dtype"),

@@ -4,6 +4,8 @@
 - ``rl_triton_torchrl.functional``: TorchRL's value functionals, same names and signatures.
 - ``GAE``, ``MultiAgentGAE``, ``TD0Estimator``, ``TD1Estimator``, ``TDLambdaEstimator``: TorchRL's estimator
   classes with the math on our kernels.
+- ``Retrace``, ``EligibilityTraces``, ``EpisodicPrefixSum``: TensorDict modules, in TorchRL's style, for what
+  TorchRL lacks.
 - ``patch_torchrl()`` / ``unpatch_torchrl()`` / ``torchrl_patched()``: make unmodified TorchRL code use them.
 
 Everything but ``kernels`` needs TorchRL; it is imported on first use, so ``rl_triton_torchrl.kernels`` works
@@ -21,12 +23,16 @@ _LAZY = {
     "functional": None,
     "estimators": None,
     "patch": None,
+    "modules": None,
     "GAE": "estimators",
     "MultiAgentGAE": "estimators",
     "TD0Estimator": "estimators",
     "TD1Estimator": "estimators",
     "TDLambdaEstimator": "estimators",
     "VTrace": "estimators",
+    "Retrace": "modules",
+    "EligibilityTraces": "modules",
+    "EpisodicPrefixSum": "modules",
     "patch_torchrl": "patch",
     "unpatch_torchrl": "patch",
     "torchrl_patched": "patch",

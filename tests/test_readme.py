@@ -6,7 +6,8 @@ import pytest
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
-RUNNABLE = [b for b in BLOCKS if "from rl_triton_torchrl import GAE" in b or "patch_torchrl()" in b]
+RUNNABLE = [b for b in BLOCKS if any(m in b for m in ("from rl_triton_torchrl import GAE", "patch_torchrl()",
+                                                        "from rl_triton_torchrl import EpisodicPrefixSum"))]
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=[f"block{i}" for i in range(len(RUNNABLE))])
@@ -18,4 +19,4 @@ def test_snippet_runs(block):
 
 
 def test_snippets_found():
-    assert len(RUNNABLE) == 2
+    assert len(RUNNABLE) == 3
