@@ -14,9 +14,9 @@ RUNNABLE = [b for b in BLOCKS if any(m in b for m in ("from rl_triton_torchrl im
 def test_snippet_runs(block):
     namespace = {}
     exec(compile(block, "README.md", "exec"), namespace)
-    if "GAE" in block:
+    if "from rl_triton_torchrl import GAE" in block:
         assert "advantage" in namespace["rollout"].keys()
-    if "EpisodicPrefixSum" in block:
+    if "from rl_triton_torchrl import EpisodicPrefixSum" in block:
         assert "episode_return_so_far" in namespace["rollout"].keys()
 
 
