@@ -254,7 +254,8 @@ def test_retrace_names_both_forms_when_neither_is_complete():
 
 
 def test_retrace_bad_one_hot():
-    td = rollout((2, 5), form="discrete")
+    """Checked on CPU tensors (on CUDA the check would synchronise the device)."""
+    td = rollout((2, 5), form="discrete").cpu()
     td["action"] = torch.ones(2, 5, A)
     with pytest.raises(ValueError, match="Retrace: 'action'.*one-hot"):
         Retrace(gamma=GAMMA)(td)
@@ -342,7 +343,7 @@ def test_episodic_prefix_sum(case, pattern, reset, backend):
         assert_close(str(out_key), out[out_key], expected)
     length, _ = episodic_prefix_sum_ref(torch.ones(boundary.shape), boundary, reset=reset, time_dim=tdim)
     assert out["episode_length_so_far"].dtype == torch.int64
-    assert torch.equal(out["episode_length_so_far"], length.to(torch.int64))
+    assert torch.equal(out["episode_length_so_far"].cpu(), length.cpu().to(torch.int64))
 
 
 def test_episodic_prefix_sum_defaults(backend):

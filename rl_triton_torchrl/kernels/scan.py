@@ -37,8 +37,9 @@ __all__ = ["linear_scan", "torch_linear_scan", "launch_config"]
 
 # Largest time tile. Longer sequences loop over chunks of this size. Tests lower it to exercise the chunk loop.
 MAX_BLOCK_T = 1024
-# Elements per program tile (rows * time).
-TILE_ELEMENTS = 2048
+# Elements per program tile (rows * time). 512 was the fastest or within 3% of it at every GAE and discounted-return
+# cell of the H200 sweep (benchmarks/results/h200/sweep_tiles.md): 4-18% faster than 2048.
+TILE_ELEMENTS = 512
 # Debugging aid (the tests turn it on): fill every output with NaN before a kernel writes it, so that an element
 # the kernel forgets to write cannot pass as a plausible number.
 POISON_OUTPUTS = False
