@@ -24,6 +24,7 @@ _LAZY = {
     "estimators": None,
     "patch": None,
     "modules": None,
+    "sb3": None,
     "GAE": "estimators",
     "MultiAgentGAE": "estimators",
     "TD0Estimator": "estimators",
