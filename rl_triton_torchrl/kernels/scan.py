@@ -235,6 +235,9 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
             kwargs.update({name: 0.0, f"{name}_ptr": c, f"{name.upper()}_TENSOR": True})
         else:
             so = st = si = 0
+            # float32 has no normal number below 2**-126 (the GPU flushes subnormals to zero), and Triton's
+            # interpreter would type such an argument as float64: pass it as the zero it is in float32 arithmetic
+            c = 0.0 if abs(c) < 2.0**-126 else c
             kwargs.update({name: c, f"{name}_ptr": None, f"{name.upper()}_TENSOR": False})
         kwargs.update({f"s_{name}_o": so, f"s_{name}_t": st, f"s_{name}_i": si})
     for name, y in outputs.items():
