@@ -8,7 +8,7 @@ R=$OUT/r
 mkdir -p "$R/h200" "$R/examples"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt"
-timeout 120 python -m pytest tests -q -n 8 -p no:cacheprovider > "$R/pytest_cuda.log" 2>&1
+timeout 110 python -m pytest tests -q -n 8 -p no:cacheprovider > "$R/pytest_cuda.log" 2>&1
 tail -2 "$R/pytest_cuda.log"
 cd benchmarks
 timeout 140 python bench_kernels.py --algos gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum \
@@ -18,7 +18,7 @@ timeout 60 python bench_sb3.py --device cuda --out "$R/h200" > "$R/bench_sb3.log
 timeout 30 python host_overhead.py --B 4096 --T 128 > "$R/h200/host_overhead.json" 2> "$R/host_overhead.err"; cat "$R/h200/host_overhead.json"
 cd ..
 for est in triton torchrl; do
-  timeout 80 python examples/ppo_gymnasium.py --estimator "$est" --device cuda --num-envs 1024 --rollout-len 64 \
+  timeout 60 python examples/ppo_gymnasium.py --estimator "$est" --device cuda --num-envs 1024 --rollout-len 64 \
     --total-frames 524288 --minibatch-size 16384 --epochs 4 --lr 1e-3 --no-progress \
     --out "$R/examples/ppo_cuda_1024envs_$est" > "$R/examples/ppo_cuda_$est.log" 2>&1
   tail -3 "$R/examples/ppo_cuda_$est.log"
