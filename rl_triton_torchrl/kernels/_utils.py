@@ -105,7 +105,11 @@ def check_coef(name: str, value, layout: Layout, *, low: float = 0.0, high: floa
         if not ok:
             raise InputError(f"{name} has shape {tuple(value.shape)}, which does not broadcast to the inputs' "
                              f"shape {tuple(layout.shape)}")
-        if value.device.type == "cpu" and value.numel():
+        if value.device.type == "cpu" and value.numel() == 1:  # the common case (an estimator's buffer): no tensor ops
+            v = value.item()
+            if not math.isfinite(v) or v < low or (high is not None and v > high):
+                raise InputError(f"{name} must lie in [{low}, {high}], got a value of {v}")
+        elif value.device.type == "cpu" and value.numel():
             v = value.detach().double()
             bad = ~torch.isfinite(v) | (v < low)
             if high is not None:

@@ -1,0 +1,223 @@
+"""Run an example with both estimators over several seeds and compare: learning curves (mean +- std over seeds),
+final returns, the estimator's share of the iteration time, and how far apart the two estimators' outputs are on
+the same batches.
+
+    python examples/compare_curves.py                           # PPO on CartPole-v1, seeds 0 1 2 (~6 min, 2 cores)
+    python examples/compare_curves.py --example impala          # IMPALA / V-trace on CartPole-v1
+    python examples/compare_curves.py --seeds 5 --total-frames 200000   # unknown flags go to the example
+
+Each (seed, estimator) pair is one run of ``examples/<example>`` in a fresh process, one after the other (the seeds
+interleaved, so that a change in machine load touches both estimators alike), with ``--cross-check``: every batch is
+also given to the other estimator class, and the largest absolute differences of advantage and value target are
+logged. Outputs, in ``--out`` (default ``runs/compare_<example>``):
+
+- ``curves.csv``: per estimator and iteration, frames, wall time and mean episode return (mean and std over seeds);
+- ``runs.csv``: one row per run (final return, wall time, estimator time, largest differences, ...);
+- ``curves.png``: return against frames and against wall time, mean +- std over seeds;
+- ``summary.md``: the table printed at the end;
+- ``<estimator>_seed<k>/``: each run's own ``progress.csv`` and ``curves.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+EXAMPLES = {"ppo": "ppo_gymnasium.py", "impala": "impala_vtrace.py"}
+ESTIMATORS = ("torchrl", "triton")
+LOGGED_LOSSES = ("loss_objective", "loss_critic", "entropy")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written, and each flag's default where it has a value of its own."""
+
+    def _get_help_string(self, action):
+        if action.default is None or isinstance(action.default, bool) or action.default is argparse.SUPPRESS:
+            return action.help
+        return f"{action.help} (default: %(default)s)"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
+                                     allow_abbrev=False)
+    parser.add_argument("--example", choices=sorted(EXAMPLES), default="ppo", help="which example to run")
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ..., seeds - 1)")
+    parser.add_argument("--target-return", type=float, default=475.0,
+                        help="report the first frame at which a run's mean return reaches this (CartPole-v1: 475)")
+    parser.add_argument("--out", help="output directory (default runs/compare_<example>)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="skip the runs whose progress.csv is already complete in --out (re-plot only)")
+    args, example_args = parser.parse_known_args(argv)
+    if args.out is None:
+        args.out = os.path.join("runs", f"compare_{args.example}")
+    return args, example_args
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def mean_std(values):
+    values = list(values)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def run_all(args, example_args):
+    """Runs every (seed, estimator) pair; returns {(estimator, seed): rows of its progress.csv}."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), EXAMPLES[args.example])
+    runs = {}
+    for seed in range(args.seeds):
+        for estimator in ESTIMATORS:
+            out = os.path.join(args.out, f"{estimator}_seed{seed}")
+            done_marker = os.path.join(out, "curves.png")  # written after the last CSV row
+            if not (args.reuse and os.path.exists(done_marker)):
+                cmd = [sys.executable, script, "--estimator", estimator, "--seed", str(seed), "--out", out,
+                       "--cross-check", "--no-progress", *example_args]
+                print("$ python", " ".join([os.path.relpath(script), *cmd[2:]]), flush=True)
+                start = time.perf_counter()
+                result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                if result.returncode != 0:
+                    sys.exit(f"run failed ({result.returncode}):\n{result.stdout[-4000:]}")
+                summary = [line for line in result.stdout.splitlines()
+                           if " frames in " in line or line.startswith("  target")]
+                print("\n".join(summary) or result.stdout.splitlines()[-1],
+                      f"(process {time.perf_counter() - start:.0f} s)", flush=True)
+            runs[estimator, seed] = read_csv(os.path.join(out, "progress.csv"))
+    return runs
+
+
+def summarize(args, runs):
+    """Per-run numbers, per-estimator aggregates, and the same-seed comparison; returns (run rows, markdown)."""
+    run_rows = []
+    for (estimator, seed), rows in runs.items():
+        hit = next((r for r in rows if r["return_mean"] and float(r["return_mean"]) >= args.target_return), None)
+        estimator_time = sum(float(r["estimator_time_s"]) for r in rows)
+        run_rows.append({
+            "estimator": estimator, "seed": seed, "iterations": len(rows), "frames": rows[-1]["frames"],
+            "wall_time_s": rows[-1]["wall_time_s"], "final_return": rows[-1]["return_mean"],
+            "frames_to_target": hit["frames"] if hit else "",
+            "estimator_ms_per_call": f"{1e3 * estimator_time / sum(int(r.get('updates', 1)) for r in rows):.3f}",
+            "estimator_share": f"{estimator_time / sum(float(r['iteration_time_s']) for r in rows):.5f}",
+            "adv_max_abs_diff": max(float(r["adv_max_abs_diff"]) for r in rows),
+            "target_max_abs_diff": max(float(r["target_max_abs_diff"]) for r in rows),
+            "first_row_adv_max_abs_diff": float(rows[0]["adv_max_abs_diff"]),
+        })
+
+    lines = [f"{args.example}: {args.seeds} seeds per estimator, target return {args.target_return:g}", "",
+             "| estimator | final return (mean ± std) | reached target (runs) | frames to target (mean) "
+             "| wall time s (mean ± std) | estimator ms/call | estimator share of iteration time |",
+             "|---|---|---|---|---|---|---|"]
+    for estimator in ESTIMATORS:
+        mine = [r for r in run_rows if r["estimator"] == estimator]
+        ret_m, ret_s = mean_std(float(r["final_return"]) for r in mine)
+        wall_m, wall_s = mean_std(float(r["wall_time_s"]) for r in mine)
+        hits = [int(r["frames_to_target"]) for r in mine if r["frames_to_target"]]
+        share = statistics.fmean(float(r["estimator_share"]) for r in mine)
+        call = statistics.fmean(float(r["estimator_ms_per_call"]) for r in mine)
+        reached = f"{len(hits)}/{len(mine)} | {statistics.fmean(hits):.0f}" if hits else f"0/{len(mine)} | -"
+        lines.append(f"| {estimator} | {ret_m:.1f} ± {ret_s:.1f} | {reached} | {wall_m:.1f} ± {wall_s:.1f} | "
+                     f"{call:.2f} | {100 * share:.2f}% |")
+
+    adv = max(r["adv_max_abs_diff"] for r in run_rows)
+    target = max(r["target_max_abs_diff"] for r in run_rows)
+    first = max(r["first_row_adv_max_abs_diff"] for r in run_rows)
+    lines += ["", "Both estimator classes on the same batches (every batch of every run, `--cross-check`): "
+              f"largest |advantage difference| {adv:.3g}, largest |value target difference| {target:.3g} "
+              f"(first CSV row of each run: {first:.3g}).", "",
+              "Same seed, torchrl run vs triton run (the values as progress.csv logs them: losses to 5 significant "
+              "digits, the mean return of the last episodes):", "",
+              "| seed | logged losses first differ at (frames) | mean return first differs at (frames) | "
+              "largest return gap | final returns (torchrl / triton) |", "|---|---|---|---|---|"]
+    for seed in range(args.seeds):
+        a, b = runs["torchrl", seed], runs["triton", seed]
+        n = min(len(a), len(b))
+        first_loss = next((i for i in range(n) if any(a[i][k] != b[i][k] for k in LOGGED_LOSSES)), None)
+        first_ret = next((i for i in range(n) if a[i]["return_mean"] != b[i]["return_mean"]), None)
+        gap = max((abs(float(a[i]["return_mean"]) - float(b[i]["return_mean"])) for i in range(n)
+                   if a[i]["return_mean"] and b[i]["return_mean"]), default=0.0)
+        lines.append(f"| {seed} | {'never' if first_loss is None else a[first_loss]['frames']} | "
+                     f"{'never' if first_ret is None else a[first_ret]['frames']} | {gap:.1f} | "
+                     f"{a[-1]['return_mean']} / {b[-1]['return_mean']} |")
+    return run_rows, "\n".join(lines) + "\n"
+
+
+def aggregate_curves(runs, seeds):
+    """Mean and std over seeds at each iteration, per estimator (the runs of one estimator share their frames)."""
+    curves = []
+    for estimator in ESTIMATORS:
+        per_seed = [runs[estimator, s] for s in range(seeds)]
+        for i in range(min(len(rows) for rows in per_seed)):
+            returns = [float(rows[i]["return_mean"]) for rows in per_seed if rows[i]["return_mean"]]
+            if len(returns) < seeds:
+                continue  # no finished episode yet in some run
+            wall_m, wall_s = mean_std(float(rows[i]["wall_time_s"]) for rows in per_seed)
+            ret_m, ret_s = mean_std(returns)
+            curves.append({"estimator": estimator, "iteration": i, "frames": per_seed[0][i]["frames"],
+                           "wall_time_mean_s": f"{wall_m:.3f}", "wall_time_std_s": f"{wall_s:.3f}",
+                           "return_mean": f"{ret_m:.2f}", "return_std": f"{ret_s:.2f}", "seeds": seeds})
+    return curves
+
+
+def plot(curves, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for estimator, color, style in zip(ESTIMATORS, ("tab:blue", "tab:orange"), ("-", "--")):
+        rows = [c for c in curves if c["estimator"] == estimator]
+        mean = [float(c["return_mean"]) for c in rows]
+        low = [m - float(c["return_std"]) for m, c in zip(mean, rows)]
+        high = [m + float(c["return_std"]) for m, c in zip(mean, rows)]
+        for ax, key in ((axes[0], "frames"), (axes[1], "wall_time_mean_s")):
+            x = [float(c[key]) for c in rows]
+            ax.plot(x, mean, color=color, linestyle=style, label=estimator)
+            ax.fill_between(x, low, high, color=color, alpha=0.2, linewidth=0)
+    axes[0].set_xlabel("environment frames")
+    axes[0].ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+    axes[1].set_xlabel("wall time (s, mean over seeds)")
+    axes[0].set_ylabel("mean episode return (mean ± std over seeds)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(title="--estimator", loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv=None):
+    args, example_args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    runs = run_all(args, example_args)
+
+    run_rows, table = summarize(args, runs)
+    curves = aggregate_curves(runs, args.seeds)
+    write_csv(os.path.join(args.out, "runs.csv"), run_rows)
+    write_csv(os.path.join(args.out, "curves.csv"), curves)
+    plot(curves, os.path.join(args.out, "curves.png"),
+         " ".join([EXAMPLES[args.example], *example_args]) + f": {args.seeds} seeds per estimator")
+    argv = sys.argv[1:] if argv is None else argv
+    command = " ".join(["python", "examples/compare_curves.py", *(a for a in argv if a != "--reuse")])
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(f"`{command}`\n\n{table}")
+    print()
+    print(table)
+    print(f"wrote {args.out}/curves.csv, runs.csv, curves.png, summary.md")
+
+
+if __name__ == "__main__":
+    main()

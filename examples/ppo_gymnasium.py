@@ -1,0 +1,318 @@
+"""PPO with TorchRL on Gymnasium's vectorized environments; ``--estimator`` swaps TorchRL's GAE for ours.
+
+The two runs differ in one line, the class that computes the advantages (see ``GAE_CLASSES`` below)::
+
+    from torchrl.objectives.value import GAE   # --estimator torchrl
+    from rl_triton_torchrl import GAE          # --estimator triton
+
+Everything else (environment, collector, ``ClipPPOLoss``, optimiser, seeds) is the same code.
+
+    python examples/ppo_gymnasium.py                                  # CartPole-v1, CPU, our GAE
+    python examples/ppo_gymnasium.py --estimator torchrl              # the same run with TorchRL's GAE
+    python examples/ppo_gymnasium.py --env-id Pendulum-v1             # continuous actions (TanhNormal actor)
+
+On a GPU, with thousands of environments (one big batch per iteration, so fewer, larger minibatches)::
+
+    python examples/ppo_gymnasium.py --device cuda --num-envs 4096 --rollout-len 64 --epochs 4 \
+        --minibatch-size 32768 --total-frames 20000000
+
+The networks, the rollout, the estimator and the loss then live on the GPU; Gymnasium steps the environments on the
+CPU (``--vectorization async`` spreads them over one process each: for a few dozen slow environments, not for
+thousands of CartPoles).
+
+Outputs, in ``--out`` (default ``runs/ppo_<env>_<estimator>_<seed>``): ``progress.csv`` (one row per iteration:
+frames, wall time, mean episode return, each loss, the time spent in the estimator call) and ``curves.png``
+(return against frames and against wall time).
+
+Episodes come from ``gymnasium.make_vec`` wrapped in TorchRL's ``GymWrapper`` with ``autoreset_mode=DISABLED``, so
+TorchRL resets finished sub-environments itself. (``GymEnv(env_id, num_envs=N)`` is the shorter spelling, but with
+gymnasium >= 1.1 it builds an ``AsyncVectorEnv`` in gymnasium's default ``NEXT_STEP`` autoreset mode, and TorchRL
+0.14 then records each reset as an extra transition with reward 0 and a zero terminal observation.)
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import time
+from collections import deque
+
+import gymnasium
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.envs import GymWrapper, RewardSum, TransformedEnv
+from torchrl.modules import NormalParamExtractor, OneHotCategorical, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.objectives import ClipPPOLoss
+from tqdm import tqdm
+
+# ---- the one difference between the two runs: which class computes the advantages ----
+from torchrl.objectives.value import GAE as TorchRLGAE  # --estimator torchrl
+from rl_triton_torchrl import GAE as TritonGAE  # --estimator triton
+
+GAE_CLASSES = {"torchrl": TorchRLGAE, "triton": TritonGAE}
+
+# Per-environment defaults; any flag given on the command line wins. Other environments get "default".
+ENV_DEFAULTS = {
+    "default": dict(num_envs=8, rollout_len=64, total_frames=500_000, lr=3e-4, gamma=0.99, lmbda=0.95, epochs=10,
+                    minibatch_size=256, entropy_coeff=0.0, target_return=None),
+    "CartPole-v1": dict(num_envs=8, rollout_len=32, total_frames=100_000, lr=1e-3, gamma=0.98, lmbda=0.8, epochs=20,
+                        minibatch_size=256, entropy_coeff=0.0, target_return=475.0),
+    "Pendulum-v1": dict(num_envs=4, rollout_len=512, total_frames=200_000, lr=1e-3, gamma=0.9, lmbda=0.95, epochs=10,
+                        minibatch_size=64, entropy_coeff=0.0, target_return=-200.0),
+}
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module docstring as written, and each flag's default where it has a value of its own."""
+
+    def _get_help_string(self, action):
+        if action.default is None or isinstance(action.default, bool) or action.default is argparse.SUPPRESS:
+            return action.help
+        return f"{action.help} (default: %(default)s)"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--estimator", choices=sorted(GAE_CLASSES), default="triton",
+                        help="which GAE class computes the advantages: TorchRL's or rl_triton_torchrl's")
+    parser.add_argument("--env-id", default="CartPole-v1",
+                        help="a Gymnasium environment id; CartPole-v1 and Pendulum-v1 have tuned defaults (below), "
+                             "other ids get 8 envs x 64 steps, 500000 frames, lr 3e-4, gamma 0.99, lambda 0.95, "
+                             "10 epochs of minibatches of 256")
+    parser.add_argument("--seed", type=int, default=0, help="seed for torch and the environments")
+    parser.add_argument("--device", default="cpu",
+                        help="device of the networks, the rollout and the estimator (e.g. cpu, cuda, cuda:1); "
+                             "the Gymnasium environments themselves step on the CPU")
+    parser.add_argument("--num-envs", type=int, help="parallel environments (CartPole-v1: 8, Pendulum-v1: 4)")
+    parser.add_argument("--vectorization", choices=["sync", "async"], default="sync",
+                        help="gymnasium vector env: 'sync' steps all environments in this process, 'async' in one "
+                             "subprocess each (worth it with many CPU cores or slow environments)")
+    parser.add_argument("--rollout-len", type=int,
+                        help="steps per environment per iteration: frames per batch = num_envs * rollout_len "
+                             "(CartPole-v1: 32, Pendulum-v1: 512)")
+    parser.add_argument("--total-frames", type=int,
+                        help="environment steps in all (CartPole-v1: 100000, Pendulum-v1: 200000)")
+    parser.add_argument("--lr", type=float, help="Adam learning rate (CartPole-v1 and Pendulum-v1: 1e-3)")
+    parser.add_argument("--no-anneal-lr", dest="anneal_lr", action="store_false",
+                        help="keep the learning rate constant instead of decaying it linearly to 0")
+    parser.add_argument("--gamma", type=float, help="discount (CartPole-v1: 0.98, Pendulum-v1: 0.9)")
+    parser.add_argument("--lmbda", type=float, help="GAE lambda (CartPole-v1: 0.8, Pendulum-v1: 0.95)")
+    parser.add_argument("--epochs", type=int, help="passes over each batch (CartPole-v1: 20, Pendulum-v1: 10)")
+    parser.add_argument("--minibatch-size", type=int, help="samples per gradient step (CartPole-v1: 256, "
+                                                           "Pendulum-v1: 64)")
+    parser.add_argument("--clip-epsilon", type=float, default=0.2, help="PPO clipping range")
+    parser.add_argument("--entropy-coeff", type=float, help="entropy bonus coefficient (all: 0)")
+    parser.add_argument("--critic-coeff", type=float, default=0.5, help="value loss coefficient")
+    parser.add_argument("--max-grad-norm", type=float, default=0.5, help="gradient clipping norm")
+    parser.add_argument("--hidden", type=int, default=64, help="width of the two hidden layers of actor and critic")
+    parser.add_argument("--return-window", type=int, default=20,
+                        help="the logged mean episode return averages the last this-many finished episodes")
+    parser.add_argument("--target-return", type=float,
+                        help="report the first frame at which the mean return reaches this "
+                             "(CartPole-v1: 475, Pendulum-v1: -200)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (small networks run fastest on one)")
+    parser.add_argument("--cross-check", action="store_true",
+                        help="also run the other estimator class on every batch (kept out of the timings) and log "
+                             "the largest absolute difference of the advantages and value targets")
+    parser.add_argument("--out", help="output directory (default runs/ppo_<env>_<estimator>_<seed>)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    args = parser.parse_args(argv)
+    defaults = ENV_DEFAULTS.get(args.env_id, ENV_DEFAULTS["default"])
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.out is None:
+        args.out = os.path.join("runs", f"ppo_{args.env_id}_{args.estimator}_{args.seed}")
+    return args
+
+
+def make_env(env_id, num_envs, vectorization, device):
+    """Gymnasium's vector env in TorchRL: a batch of ``num_envs`` environments, episode returns summed."""
+    vector_env = gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
+                                    vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.DISABLED})
+    return TransformedEnv(GymWrapper(vector_env, device=device), RewardSum())
+
+
+def mlp(in_features, out_features, hidden, out_std):
+    """Two tanh hidden layers, orthogonal initialisation; ``out_std`` scales the last layer."""
+    layers = [nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+              nn.Linear(hidden, out_features)]
+    for layer in layers:
+        if isinstance(layer, nn.Linear):
+            nn.init.orthogonal_(layer.weight, out_std if layer is layers[-1] else math.sqrt(2))
+            nn.init.zeros_(layer.bias)
+    return nn.Sequential(*layers)
+
+
+def plot_curves(rows, path, title, window):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r["return_mean"] != ""]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, x, label in ((axes[0], "frames", "environment frames"), (axes[1], "wall_time_s", "wall time (s)")):
+        ax.plot([float(r[x]) for r in rows], [float(r["return_mean"]) for r in rows])
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"mean return of the last {window} episodes")
+    axes[0].ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    device = torch.device(args.device)
+
+    # ---- seeding ----
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+
+    # ---- environment ----
+    # Gymnasium steps on the CPU; the collector moves each batch to --device (TorchRL 0.14's GymWrapper cannot reset
+    # a vector env whose tensors live on a GPU)
+    env = make_env(args.env_id, args.num_envs, args.vectorization, torch.device("cpu"))
+    env.set_seed(args.seed)
+    obs_dim = env.observation_spec["observation"].shape[-1]
+    action_spec = env.action_spec_unbatched
+    discrete = action_spec.domain == "discrete"
+
+    # ---- model: separate actor and critic MLPs ----
+    if discrete:  # one-hot actions, categorical policy
+        actor_net = TensorDictModule(mlp(obs_dim, action_spec.shape[-1], args.hidden, 0.01),
+                                     in_keys=["observation"], out_keys=["logits"])
+        actor = ProbabilisticActor(actor_net, in_keys=["logits"], spec=action_spec,
+                                   distribution_class=OneHotCategorical, return_log_prob=True)
+    else:  # continuous actions in a box: a tanh-squashed Gaussian scaled to the bounds
+        action_dim = action_spec.shape[-1]
+        actor_net = TensorDictModule(nn.Sequential(mlp(obs_dim, 2 * action_dim, args.hidden, 0.01),
+                                                   NormalParamExtractor()),
+                                     in_keys=["observation"], out_keys=["loc", "scale"])
+        actor = ProbabilisticActor(actor_net, in_keys=["loc", "scale"], spec=action_spec,
+                                   distribution_class=TanhNormal,
+                                   distribution_kwargs={"low": action_spec.space.low.to(device),
+                                                        "high": action_spec.space.high.to(device)},
+                                   return_log_prob=True)
+    critic = ValueOperator(mlp(obs_dim, 1, args.hidden, 1.0), in_keys=["observation"])
+    actor.to(device)
+    critic.to(device)
+
+    # ---- estimator, loss, optimiser ----
+    GAE = GAE_CLASSES[args.estimator]
+    gae_kwargs = dict(gamma=args.gamma, lmbda=args.lmbda, value_network=critic, average_gae=True, device=device)
+    advantage_module = GAE(**gae_kwargs)
+    if args.cross_check:
+        other_module = GAE_CLASSES["torchrl" if args.estimator == "triton" else "triton"](**gae_kwargs)
+    loss_module = ClipPPOLoss(actor, critic, clip_epsilon=args.clip_epsilon, entropy_coeff=args.entropy_coeff,
+                              critic_coeff=args.critic_coeff, loss_critic_type="l2", normalize_advantage=False)
+    optimizer = torch.optim.Adam(loss_module.parameters(), lr=args.lr, eps=1e-5)
+
+    frames_per_batch = args.num_envs * args.rollout_len
+    num_iterations = math.ceil(args.total_frames / frames_per_batch)  # whole batches: total frames rounded up
+    collector = Collector(env, actor, frames_per_batch=frames_per_batch,
+                          total_frames=num_iterations * frames_per_batch, device=device, env_device="cpu",
+                          auto_register_policy_transforms=False)
+
+    # ---- training loop ----
+    csv_path = os.path.join(args.out, "progress.csv")
+    fields = ["iteration", "frames", "wall_time_s", "episodes", "return_mean", "loss_objective", "loss_critic",
+              "loss_entropy", "entropy", "estimator_time_s", "iteration_time_s", "lr"]
+    if args.cross_check:
+        fields += ["adv_max_abs_diff", "target_max_abs_diff"]
+    rows, recent_returns, episodes, frames, first_hit = [], deque(maxlen=args.return_window), 0, 0, None
+    bar = tqdm(total=num_iterations * frames_per_batch, unit="frame", disable=not args.progress,
+               desc=f"ppo/{args.estimator}")
+    start = iteration_start = time.perf_counter()
+    excluded = 0.0  # seconds spent in --cross-check, kept out of the wall time
+    with open(csv_path, "w", newline="") as csv_file:
+        writer = csv.DictWriter(csv_file, fieldnames=fields)
+        writer.writeheader()
+        for iteration, data in enumerate(collector):  # data: [num_envs, rollout_len]
+            frames += data.numel()
+            if args.anneal_lr:
+                for group in optimizer.param_groups:
+                    group["lr"] = args.lr * (1.0 - iteration / num_iterations)
+
+            # the estimator call: value network on the batch and on "next", then GAE (timed)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                advantage_module(data)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            estimator_time = time.perf_counter() - t0
+            if args.cross_check:  # the other class on a copy of the same batch
+                t1 = time.perf_counter()
+                with torch.no_grad():
+                    check = other_module(data.exclude("advantage", "value_target").clone())
+                diffs = {f"{k}_max_abs_diff": f"{(check[key] - data[key]).abs().max():.3g}"
+                         for k, key in (("adv", "advantage"), ("target", "value_target"))}
+                excluded += time.perf_counter() - t1
+
+            # PPO epochs over shuffled minibatches
+            flat = data.reshape(-1)
+            sums, steps = {"loss_objective": 0.0, "loss_critic": 0.0, "loss_entropy": 0.0, "entropy": 0.0}, 0
+            for _ in range(args.epochs):
+                for idx in torch.randperm(flat.numel(), device=device).split(args.minibatch_size):
+                    losses = loss_module(flat[idx])
+                    loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(loss_module.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    for key in sums:
+                        sums[key] += losses[key].detach() if key in losses.keys() else math.nan
+                    steps += 1
+            collector.update_policy_weights_()
+
+            # ---- logging ----
+            done = data["next", "done"].squeeze(-1)
+            finished = data["next", "episode_reward"][done].squeeze(-1).tolist()
+            episodes += len(finished)
+            recent_returns.extend(finished)
+            mean_return = sum(recent_returns) / len(recent_returns) if recent_returns else None
+            if first_hit is None and args.target_return is not None and mean_return is not None \
+                    and len(recent_returns) == recent_returns.maxlen and mean_return >= args.target_return:
+                first_hit = (frames, time.perf_counter() - excluded - start)
+            now = time.perf_counter() - excluded
+            row = {"iteration": iteration, "frames": frames, "wall_time_s": f"{now - start:.3f}",
+                   "episodes": episodes, "return_mean": "" if mean_return is None else f"{mean_return:.2f}",
+                   **{k: f"{float(v) / steps:.5g}" for k, v in sums.items()},
+                   "estimator_time_s": f"{estimator_time:.6f}", "iteration_time_s": f"{now - iteration_start:.4f}",
+                   "lr": f"{optimizer.param_groups[0]['lr']:.3g}", **(diffs if args.cross_check else {})}
+            iteration_start = now
+            writer.writerow(row)
+            csv_file.flush()
+            rows.append(row)
+            bar.update(data.numel())
+            bar.set_postfix(ret=row["return_mean"] or "-", fps=f"{frames / (now - start):.0f}")
+    bar.close()
+    collector.shutdown()
+    env.close()
+
+    plot_curves(rows, os.path.join(args.out, "curves.png"),
+                f"PPO {args.env_id}, estimator={args.estimator}, seed={args.seed}", args.return_window)
+    wall = float(rows[-1]["wall_time_s"])
+    share = sum(float(r["estimator_time_s"]) for r in rows) / sum(float(r["iteration_time_s"]) for r in rows)
+    print(f"{args.env_id} estimator={args.estimator} seed={args.seed}: {frames} frames in {wall:.1f} s, "
+          f"final mean return {rows[-1]['return_mean'] or '-'} (last {args.return_window} episodes), "
+          f"estimator {100 * share:.2f}% of iteration time")
+    if args.target_return is not None:
+        print(f"  target {args.target_return:g}: " + (f"reached at {first_hit[0]} frames, {first_hit[1]:.1f} s"
+                                                      if first_hit else "not reached"))
+    print(f"  wrote {csv_path} and {os.path.join(args.out, 'curves.png')}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
