@@ -19,8 +19,10 @@ Kernels tile a ``[BLOCK_R, BLOCK_T]`` block of (row, time) and scan it in regist
 ``[*B, T, *F]`` input with any ``time_dim`` is addressed by strides as ``(outer, T, inner)``: row ``r`` is
 ``(r // inner, r % inner)``. Offsets are int64.
 
-Algorithm kernels reuse ``_row_block``, ``_chunk_time``, ``_tile_ptrs`` and ``scan_tile``; this file also has the
-generic kernel (``linear_scan``: coefficients given as tensors) and the plain-torch scan used on the CPU.
+Every kernel (the generic one here and each algorithm's) is the same skeleton built from the helpers below:
+``row_prologue`` (rows, entering state, number of chunks), a loop over ``chunk``\ s in scan order that loads with
+``load_tile``/``load_coef``, forms a_t, b_t, calls ``scan_tile`` and writes with ``store_tile``, then
+``store_state``; ``launch`` starts any of them. ``torch_linear_scan`` is the plain-torch scan of the CPU path.
 """
 from __future__ import annotations
 
