@@ -43,33 +43,47 @@ def environment() -> dict:
     return env
 
 
-def copy_bandwidth(nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (median of do_bench)."""
-    import triton.testing
+def copy_bandwidth(nbytes: int = 2 << 30, device: str = "cuda") -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written (median of do_bench).
 
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
+    On the CPU (a smoke run without a GPU) the host memory copy bandwidth, median of a few copies of ``nbytes``.
+    """
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    if device == "cuda":
+        import triton.testing
+
+        ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    else:
+        dst.copy_(src)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - start)
+        ms = statistics.median(times) * 1e3
     del src, dst
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return 2 * nbytes / (ms * 1e-3)
 
 
-def device_time_us(fn, capturable: bool = True) -> tuple[float, str]:
+def device_time_us(fn, capturable: bool = True, warmup_ms: float = 25, rep_ms: float = 100) -> tuple[float, str]:
     """Median device time of one call in microseconds, L2 flushed before each call (triton.testing.do_bench).
 
     The call is captured in a CUDA graph of its own and the graph is replayed, so that the host's launch overhead
     (Python, argument binding) does not leak into the device time; code that cannot be captured (it synchronises
-    with the host) is timed as called. Returns (microseconds, "graph" or "direct").
+    with the host) is timed as called. ``warmup_ms`` and ``rep_ms`` are do_bench's budgets. Returns (microseconds,
+    "graph" or "direct").
     """
     import triton.testing
 
     graph = _capture(fn, 1) if capturable else None
     if graph is not None:
-        us = 1e3 * triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+        us = 1e3 * triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
         del graph
         return us, "graph"
-    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), "direct"
+    return 1e3 * triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"), "direct"
 
 
 def _capture(fn, calls: int):
@@ -93,13 +107,16 @@ def _capture(fn, calls: int):
         return None
 
 
-def graph_time_us(fn, calls: int = 20) -> float | None:
-    """Device time per call back to back inside a CUDA graph (L2 warm, no launch gaps); None if not capturable."""
+def graph_time_us(fn, calls: int = 20, reps: int = 10) -> float | None:
+    """Device time per call back to back inside a CUDA graph (L2 warm, no launch gaps); None if not capturable.
+
+    The median over ``reps`` replays of a graph of ``calls`` calls.
+    """
     graph = _capture(fn, calls)
     if graph is None:
         return None
     times = []
-    for _ in range(10):
+    for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
