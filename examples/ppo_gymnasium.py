@@ -11,17 +11,30 @@ Everything else (environment, collector, ``ClipPPOLoss``, optimiser, seeds) is t
     python examples/ppo_gymnasium.py --estimator torchrl              # the same run with TorchRL's GAE
     python examples/ppo_gymnasium.py --env-id Pendulum-v1             # continuous actions (TanhNormal actor)
 
-On a GPU, with thousands of environments (one big batch per iteration, so fewer, larger minibatches)::
+Environments are stepped by Gymnasium on the CPU. ``--vectorization`` picks how:
 
-    python examples/ppo_gymnasium.py --device cuda --num-envs 4096 --rollout-len 64 --epochs 4 \
-        --minibatch-size 32768 --total-frames 20000000
+- ``vector_entry_point`` (the default where the id has one usable here: CartPole-v0/v1): Gymnasium's natively
+  vectorised numpy implementation, one array operation per step for all environments. Gymnasium's
+  ``CartPoleVectorEnv`` only autoresets in ``NEXT_STEP`` mode, which TorchRL's ``GymWrapper`` refuses, so
+  ``CartPoleVectorEnvDisabledAutoreset`` below adds ``autoreset_mode=DISABLED``: ``step`` never resets, and
+  ``reset(options={"reset_mask": m})`` resets the masked environments only (the semantics of Gymnasium's
+  ``SyncVectorEnv`` in that mode, which TorchRL uses to reset finished environments).
+- ``sync``: Gymnasium's ``SyncVectorEnv``, a Python loop over one environment object each (any id).
+- ``async``: ``AsyncVectorEnv``, one subprocess per environment (for a few dozen slow environments).
+
+On a GPU, with thousands of environments: the preset the per-iteration time breakdown is meant for (cheap numpy
+stepping, so that collection does not drown the estimator; one big batch per iteration, few large minibatches)::
+
+    python examples/ppo_gymnasium.py --device cuda --num-envs 4096 --rollout-len 32 --epochs 4 \
+        --minibatch-size 16384 --lr 2.5e-3 --total-frames 8000000 --return-window 200 --no-progress \
+        --out $OUT/ppo_cuda_4096envs_triton
 
 The networks, the rollout, the estimator and the loss then live on the GPU; Gymnasium steps the environments on the
-CPU (``--vectorization async`` spreads them over one process each: for a few dozen slow environments, not for
-thousands of CartPoles).
+CPU, and the collector moves each batch to the GPU.
 
 Outputs, in ``--out`` (default ``runs/ppo_<env>_<estimator>_<seed>``): ``progress.csv`` (one row per iteration:
-frames, wall time, mean episode return, each loss, the time spent in the estimator call) and ``curves.png``
+frames, wall time, mean episode return, each loss, and the iteration's time broken down into collection, the
+estimator call, the PPO update, and the whole iteration) and ``curves.png``
 (return against frames and against wall time).
 
 Episodes come from ``gymnasium.make_vec`` wrapped in TorchRL's ``GymWrapper`` with ``autoreset_mode=DISABLED``, so
@@ -32,6 +45,7 @@ gymnasium >= 1.1 it builds an ``AsyncVectorEnv`` in gymnasium's default ``NEXT_S
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import math
 import os
@@ -39,7 +53,11 @@ import time
 from collections import deque
 
 import gymnasium
+import numpy as np
 import torch
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.vector import AutoresetMode, VectorEnv
 from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.collectors import Collector
@@ -74,8 +92,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{action.help} (default: %(default)s)"
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def make_parser(description=__doc__, prefix="ppo"):
+    """The command-line flags (``examples/ppo_ddp.py`` adds its own to these)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
     parser.add_argument("--estimator", choices=sorted(GAE_CLASSES), default="triton",
                         help="which GAE class computes the advantages: TorchRL's or rl_triton_torchrl's")
     parser.add_argument("--env-id", default="CartPole-v1",
@@ -87,9 +106,11 @@ def parse_args(argv=None):
                         help="device of the networks, the rollout and the estimator (e.g. cpu, cuda, cuda:1); "
                              "the Gymnasium environments themselves step on the CPU")
     parser.add_argument("--num-envs", type=int, help="parallel environments (CartPole-v1: 8, Pendulum-v1: 4)")
-    parser.add_argument("--vectorization", choices=["sync", "async"], default="sync",
-                        help="gymnasium vector env: 'sync' steps all environments in this process, 'async' in one "
-                             "subprocess each (worth it with many CPU cores or slow environments)")
+    parser.add_argument("--vectorization", choices=["vector_entry_point", "sync", "async"],
+                        help="gymnasium vector env: 'vector_entry_point' is Gymnasium's natively vectorised numpy "
+                             "implementation (CartPole-v0/v1; the default where available), 'sync' steps one "
+                             "environment object after the other in this process (any id; the default otherwise), "
+                             "'async' one subprocess each (worth it with many CPU cores or slow environments)")
     parser.add_argument("--rollout-len", type=int,
                         help="steps per environment per iteration: frames per batch = num_envs * rollout_len "
                              "(CartPole-v1: 32, Pendulum-v1: 512)")
@@ -118,22 +139,104 @@ def parse_args(argv=None):
     parser.add_argument("--cross-check", action="store_true",
                         help="also run the other estimator class on every batch (kept out of the timings) and log "
                              "the largest absolute difference of the advantages and value targets")
-    parser.add_argument("--out", help="output directory (default runs/ppo_<env>_<estimator>_<seed>)")
+    parser.add_argument("--out", help=f"output directory (default runs/{prefix}_<env>_<estimator>_<seed>)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None, parser=None, prefix="ppo"):
+    """Parses the flags and fills in the per-environment defaults, the vectorization and the output directory."""
+    args = (parser or make_parser()).parse_args(argv)
     defaults = ENV_DEFAULTS.get(args.env_id, ENV_DEFAULTS["default"])
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.vectorization is None:
+        args.vectorization = "vector_entry_point" if has_vector_entry_point(args.env_id) else "sync"
     if args.out is None:
-        args.out = os.path.join("runs", f"ppo_{args.env_id}_{args.estimator}_{args.seed}")
+        args.out = os.path.join("runs", f"{prefix}_{args.env_id}_{args.estimator}_{args.seed}")
     return args
 
 
-def make_env(env_id, num_envs, vectorization, device):
-    """Gymnasium's vector env in TorchRL: a batch of ``num_envs`` environments, episode returns summed."""
-    vector_env = gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
-                                    vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.DISABLED})
+class CartPoleVectorEnvDisabledAutoreset(CartPoleVectorEnv):
+    """Gymnasium's numpy-vectorised CartPole with ``autoreset_mode=DISABLED``, the mode TorchRL's ``GymWrapper`` uses.
+
+    Gymnasium's ``CartPoleVectorEnv`` resets an environment on the step after it finished (``NEXT_STEP``) and its
+    ``reset`` resets all of them. Here ``step`` never resets (the physics, rewards, termination and truncation are
+    the parent's, unchanged), and ``reset(options={"reset_mask": mask})`` draws a fresh initial state for the
+    masked environments only, leaving the others mid-episode, as Gymnasium's ``SyncVectorEnv`` does in this mode.
+    """
+
+    metadata = {**CartPoleVectorEnv.metadata, "autoreset_mode": AutoresetMode.DISABLED}
+    autoreset_mode = AutoresetMode.DISABLED  # what TorchRL reads (SyncVectorEnv has it as an attribute)
+
+    def step(self, action):
+        self.prev_done[:] = False  # the parent would reset the environments that finished on the previous step
+        return super().step(action)
+
+    def reset(self, *, seed=None, options=None):
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        if mask is None or self.state is None:
+            return super().reset(seed=seed, options=options)
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != (self.num_envs,):
+            raise ValueError(f"options['reset_mask'] must have shape ({self.num_envs},), got {mask.shape}")
+        VectorEnv.reset(self, seed=seed)  # seeds np_random when a seed is given
+        self.state[:, mask] = self.np_random.uniform(low=self.low, high=self.high, size=(4, int(mask.sum())))
+        self.steps[mask] = 0
+        return self.state.T.astype(np.float32), {}
+
+
+# Gymnasium's native vector envs that autoreset in NEXT_STEP mode -> the same with autoreset_mode=DISABLED
+DISABLED_AUTORESET = {CartPoleVectorEnv: CartPoleVectorEnvDisabledAutoreset}
+
+
+def vector_entry_point(env_id):
+    """The class ``--vectorization vector_entry_point`` builds for ``env_id``; ``ValueError`` if there is none."""
+    entry_point = gymnasium.spec(env_id).vector_entry_point
+    if entry_point is None:
+        native = sorted(k for k, s in gymnasium.registry.items() if s.vector_entry_point is not None)
+        raise ValueError(f"--vectorization vector_entry_point: {env_id} has no vector entry point (Gymnasium has one "
+                         f"for {', '.join(native)}); use --vectorization sync or async")
+    try:
+        creator = entry_point if callable(entry_point) else load_env_creator(entry_point)
+    except ImportError as error:
+        raise ValueError(f"--vectorization vector_entry_point: {env_id}'s vector entry point {entry_point} "
+                         f"cannot be imported ({error})") from error
+    if creator in DISABLED_AUTORESET:
+        return DISABLED_AUTORESET[creator]
+    mode = getattr(creator, "metadata", {}).get("autoreset_mode")
+    if mode not in (AutoresetMode.DISABLED, AutoresetMode.SAME_STEP):
+        raise ValueError(f"--vectorization vector_entry_point: {env_id}'s vector entry point {entry_point} autoresets "
+                         f"in mode {mode}, which TorchRL's GymWrapper cannot use (it needs DISABLED or SAME_STEP), "
+                         f"and this example has no DISABLED version of it; use --vectorization sync or async")
+    return creator
+
+
+def has_vector_entry_point(env_id):
+    """Whether ``--vectorization vector_entry_point`` works for ``env_id`` (it is then the default)."""
+    try:
+        vector_entry_point(env_id)
+    except ValueError:
+        return False
+    return True
+
+
+def make_env(env_id, num_envs, vectorization, device, **env_kwargs):
+    """Gymnasium's vector env in TorchRL: a batch of ``num_envs`` environments, episode returns summed.
+
+    Every ``vectorization`` autoresets in ``DISABLED`` mode, so TorchRL resets finished environments itself (see the
+    module docstring). ``env_kwargs`` go to the environment's constructor (e.g. ``max_episode_steps``).
+    """
+    if vectorization == "vector_entry_point":
+        spec = copy.copy(gymnasium.spec(env_id))
+        spec.vector_entry_point = vector_entry_point(env_id)
+        vector_env = gymnasium.make_vec(spec, num_envs=num_envs, vectorization_mode="vector_entry_point",
+                                        **env_kwargs)
+    else:
+        vector_env = gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
+                                        vector_kwargs={"autoreset_mode": AutoresetMode.DISABLED}, **env_kwargs)
     return TransformedEnv(GymWrapper(vector_env, device=device), RewardSum())
 
 
@@ -146,6 +249,35 @@ def mlp(in_features, out_features, hidden, out_std):
             nn.init.orthogonal_(layer.weight, out_std if layer is layers[-1] else math.sqrt(2))
             nn.init.zeros_(layer.bias)
     return nn.Sequential(*layers)
+
+
+def make_models(env, hidden, device, wrap=None):
+    """Separate actor and critic MLPs for ``env``: a categorical policy over one-hot actions for discrete action
+    spaces, a tanh-squashed Gaussian scaled to the bounds for boxes.
+
+    ``wrap`` (e.g. ``DistributedDataParallel``) is applied to each MLP on ``device`` before it goes into its
+    TensorDict module.
+    """
+    obs_dim = env.observation_spec["observation"].shape[-1]
+    action_spec = env.action_spec_unbatched
+    wrap = wrap or (lambda module: module)
+    if action_spec.domain == "discrete":  # one-hot actions, categorical policy
+        actor_net = TensorDictModule(wrap(mlp(obs_dim, action_spec.shape[-1], hidden, 0.01).to(device)),
+                                     in_keys=["observation"], out_keys=["logits"])
+        actor = ProbabilisticActor(actor_net, in_keys=["logits"], spec=action_spec,
+                                   distribution_class=OneHotCategorical, return_log_prob=True)
+    else:  # continuous actions in a box: a tanh-squashed Gaussian scaled to the bounds
+        action_dim = action_spec.shape[-1]
+        actor_net = TensorDictModule(nn.Sequential(wrap(mlp(obs_dim, 2 * action_dim, hidden, 0.01).to(device)),
+                                                   NormalParamExtractor()),
+                                     in_keys=["observation"], out_keys=["loc", "scale"])
+        actor = ProbabilisticActor(actor_net, in_keys=["loc", "scale"], spec=action_spec,
+                                   distribution_class=TanhNormal,
+                                   distribution_kwargs={"low": action_spec.space.low.to(device),
+                                                        "high": action_spec.space.high.to(device)},
+                                   return_log_prob=True)
+    critic = ValueOperator(wrap(mlp(obs_dim, 1, hidden, 1.0).to(device)), in_keys=["observation"])
+    return actor.to(device), critic.to(device)
 
 
 def plot_curves(rows, path, title, window):
@@ -168,6 +300,51 @@ def plot_curves(rows, path, title, window):
     plt.close(fig)
 
 
+LOSS_KEYS = ("loss_objective", "loss_critic", "loss_entropy", "entropy")
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_estimator_call(advantage_module, data, device):
+    """Writes ``"advantage"`` and ``"value_target"`` into ``data``; returns the seconds the call took (the device
+    synchronised before and after, so that the time is the estimator's own)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        advantage_module(data)
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def ppo_update(loss_module, optimizer, data, args, device):
+    """``args.epochs`` passes over ``data`` in shuffled minibatches of ``args.minibatch_size``, a clipped gradient
+    step on each; returns the mean of each of ``LOSS_KEYS`` over the steps (the device synchronised at the end)."""
+    flat = data.reshape(-1)
+    sums, steps = dict.fromkeys(LOSS_KEYS, 0.0), 0
+    for _ in range(args.epochs):
+        for idx in torch.randperm(flat.numel(), device=device).split(args.minibatch_size):
+            losses = loss_module(flat[idx])
+            loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(loss_module.parameters(), args.max_grad_norm)
+            optimizer.step()
+            for key in sums:
+                sums[key] += losses[key].detach() if key in losses.keys() else math.nan
+            steps += 1
+    return {key: float(value) / steps for key, value in sums.items()}  # float() synchronises
+
+
+def time_shares(rows):
+    """One line: the share of the summed iteration time spent in collection, the estimator call and the update."""
+    total = sum(float(r["iteration_time_s"]) for r in rows)
+    return "time in " + ", ".join(f"{name} {100 * sum(float(r[f'{name}_time_s']) for r in rows) / total:.2f}%"
+                                  for name in ("collection", "estimator", "update"))
+
+
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -182,29 +359,9 @@ def main(argv=None):
     # a vector env whose tensors live on a GPU)
     env = make_env(args.env_id, args.num_envs, args.vectorization, torch.device("cpu"))
     env.set_seed(args.seed)
-    obs_dim = env.observation_spec["observation"].shape[-1]
-    action_spec = env.action_spec_unbatched
-    discrete = action_spec.domain == "discrete"
 
     # ---- model: separate actor and critic MLPs ----
-    if discrete:  # one-hot actions, categorical policy
-        actor_net = TensorDictModule(mlp(obs_dim, action_spec.shape[-1], args.hidden, 0.01),
-                                     in_keys=["observation"], out_keys=["logits"])
-        actor = ProbabilisticActor(actor_net, in_keys=["logits"], spec=action_spec,
-                                   distribution_class=OneHotCategorical, return_log_prob=True)
-    else:  # continuous actions in a box: a tanh-squashed Gaussian scaled to the bounds
-        action_dim = action_spec.shape[-1]
-        actor_net = TensorDictModule(nn.Sequential(mlp(obs_dim, 2 * action_dim, args.hidden, 0.01),
-                                                   NormalParamExtractor()),
-                                     in_keys=["observation"], out_keys=["loc", "scale"])
-        actor = ProbabilisticActor(actor_net, in_keys=["loc", "scale"], spec=action_spec,
-                                   distribution_class=TanhNormal,
-                                   distribution_kwargs={"low": action_spec.space.low.to(device),
-                                                        "high": action_spec.space.high.to(device)},
-                                   return_log_prob=True)
-    critic = ValueOperator(mlp(obs_dim, 1, args.hidden, 1.0), in_keys=["observation"])
-    actor.to(device)
-    critic.to(device)
+    actor, critic = make_models(env, args.hidden, device)
 
     # ---- estimator, loss, optimiser ----
     GAE = GAE_CLASSES[args.estimator]
@@ -224,33 +381,31 @@ def main(argv=None):
 
     # ---- training loop ----
     csv_path = os.path.join(args.out, "progress.csv")
-    fields = ["iteration", "frames", "wall_time_s", "episodes", "return_mean", "loss_objective", "loss_critic",
-              "loss_entropy", "entropy", "estimator_time_s", "iteration_time_s", "lr"]
+    fields = ["iteration", "frames", "wall_time_s", "episodes", "return_mean", *LOSS_KEYS, "collection_time_s",
+              "estimator_time_s", "update_time_s", "iteration_time_s", "lr"]
     if args.cross_check:
         fields += ["adv_max_abs_diff", "target_max_abs_diff"]
     rows, recent_returns, episodes, frames, first_hit = [], deque(maxlen=args.return_window), 0, 0, None
     bar = tqdm(total=num_iterations * frames_per_batch, unit="frame", disable=not args.progress,
                desc=f"ppo/{args.estimator}")
-    start = iteration_start = time.perf_counter()
     excluded = 0.0  # seconds spent in --cross-check, kept out of the wall time
+
+    def clock():
+        return time.perf_counter() - excluded
+
+    start = iteration_start = clock()
     with open(csv_path, "w", newline="") as csv_file:
         writer = csv.DictWriter(csv_file, fieldnames=fields)
         writer.writeheader()
         for iteration, data in enumerate(collector):  # data: [num_envs, rollout_len]
+            collection_time = clock() - iteration_start  # stepping the envs and the policy, batch to --device
             frames += data.numel()
             if args.anneal_lr:
                 for group in optimizer.param_groups:
                     group["lr"] = args.lr * (1.0 - iteration / num_iterations)
 
             # the estimator call: value network on the batch and on "next", then GAE (timed)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                advantage_module(data)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            estimator_time = time.perf_counter() - t0
+            estimator_time = timed_estimator_call(advantage_module, data, device)
             if args.cross_check:  # the other class on a copy of the same batch
                 t1 = time.perf_counter()
                 with torch.no_grad():
@@ -260,19 +415,9 @@ def main(argv=None):
                 excluded += time.perf_counter() - t1
 
             # PPO epochs over shuffled minibatches
-            flat = data.reshape(-1)
-            sums, steps = {"loss_objective": 0.0, "loss_critic": 0.0, "loss_entropy": 0.0, "entropy": 0.0}, 0
-            for _ in range(args.epochs):
-                for idx in torch.randperm(flat.numel(), device=device).split(args.minibatch_size):
-                    losses = loss_module(flat[idx])
-                    loss = sum(value for key, value in losses.items() if key.startswith("loss_"))
-                    optimizer.zero_grad()
-                    loss.backward()
-                    nn.utils.clip_grad_norm_(loss_module.parameters(), args.max_grad_norm)
-                    optimizer.step()
-                    for key in sums:
-                        sums[key] += losses[key].detach() if key in losses.keys() else math.nan
-                    steps += 1
+            t2 = clock()
+            losses = ppo_update(loss_module, optimizer, data, args, device)
+            update_time = clock() - t2
             collector.update_policy_weights_()
 
             # ---- logging ----
@@ -283,12 +428,13 @@ def main(argv=None):
             mean_return = sum(recent_returns) / len(recent_returns) if recent_returns else None
             if first_hit is None and args.target_return is not None and mean_return is not None \
                     and len(recent_returns) == recent_returns.maxlen and mean_return >= args.target_return:
-                first_hit = (frames, time.perf_counter() - excluded - start)
-            now = time.perf_counter() - excluded
+                first_hit = (frames, clock() - start)
+            now = clock()
             row = {"iteration": iteration, "frames": frames, "wall_time_s": f"{now - start:.3f}",
                    "episodes": episodes, "return_mean": "" if mean_return is None else f"{mean_return:.2f}",
-                   **{k: f"{float(v) / steps:.5g}" for k, v in sums.items()},
-                   "estimator_time_s": f"{estimator_time:.6f}", "iteration_time_s": f"{now - iteration_start:.4f}",
+                   **{k: f"{v:.5g}" for k, v in losses.items()}, "collection_time_s": f"{collection_time:.6f}",
+                   "estimator_time_s": f"{estimator_time:.6f}", "update_time_s": f"{update_time:.6f}",
+                   "iteration_time_s": f"{now - iteration_start:.4f}",
                    "lr": f"{optimizer.param_groups[0]['lr']:.3g}", **(diffs if args.cross_check else {})}
             iteration_start = now
             writer.writerow(row)
@@ -303,10 +449,9 @@ def main(argv=None):
     plot_curves(rows, os.path.join(args.out, "curves.png"),
                 f"PPO {args.env_id}, estimator={args.estimator}, seed={args.seed}", args.return_window)
     wall = float(rows[-1]["wall_time_s"])
-    share = sum(float(r["estimator_time_s"]) for r in rows) / sum(float(r["iteration_time_s"]) for r in rows)
     print(f"{args.env_id} estimator={args.estimator} seed={args.seed}: {frames} frames in {wall:.1f} s, "
-          f"final mean return {rows[-1]['return_mean'] or '-'} (last {args.return_window} episodes), "
-          f"estimator {100 * share:.2f}% of iteration time")
+          f"final mean return {rows[-1]['return_mean'] or '-'} (last {args.return_window} episodes)")
+    print("  " + time_shares(rows))
     if args.target_return is not None:
         print(f"  target {args.target_return:g}: " + (f"reached at {first_hit[0]} frames, {first_hit[1]:.1f} s"
                                                       if first_hit else "not reached"))

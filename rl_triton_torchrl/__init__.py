@@ -7,6 +7,8 @@
 - ``Retrace``, ``EligibilityTraces``, ``EpisodicPrefixSum``: TensorDict modules, in TorchRL's style, for what
   TorchRL lacks.
 - ``patch_torchrl()`` / ``unpatch_torchrl()`` / ``torchrl_patched()``: make unmodified TorchRL code use them.
+- ``normalize_advantage`` / ``normalize_tensordict_advantage`` (``rl_triton_torchrl.distributed``): advantage
+  normalisation over the global batch of a data-parallel run (one all-reduce; local without torch.distributed).
 
 Everything but ``kernels`` needs TorchRL; it is imported on first use, so ``rl_triton_torchrl.kernels`` works
 with torch and triton alone.
@@ -25,6 +27,7 @@ _LAZY = {
     "patch": None,
     "modules": None,
     "sb3": None,
+    "distributed": None,
     "GAE": "estimators",
     "MultiAgentGAE": "estimators",
     "TD0Estimator": "estimators",
@@ -37,6 +40,8 @@ _LAZY = {
     "patch_torchrl": "patch",
     "unpatch_torchrl": "patch",
     "torchrl_patched": "patch",
+    "normalize_advantage": "distributed",
+    "normalize_tensordict_advantage": "distributed",
 }
 
 __all__ = ["kernels", "InputError", "__version__", *_LAZY]

@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("gymnasium")
 pytest.importorskip("matplotlib")
@@ -57,8 +58,49 @@ def test_ppo_gymnasium(tmp_path, env_id, estimator):
                                        *TINY_PPO])
     assert len(rows) == 2
     rows = check_outputs(tmp_path, 2, ["frames", "wall_time_s", "return_mean", "loss_objective", "loss_critic",
-                                       "loss_entropy", "estimator_time_s", "iteration_time_s"])
+                                       "loss_entropy", "collection_time_s", "estimator_time_s", "update_time_s",
+                                       "iteration_time_s"])
     assert_estimators_agree(rows)
+
+
+def test_ppo_vectorization_default_and_error(tmp_path):
+    ppo = load("ppo_gymnasium")
+    assert ppo.parse_args(["--env-id", "CartPole-v1"]).vectorization == "vector_entry_point"
+    assert ppo.parse_args(["--env-id", "Pendulum-v1"]).vectorization == "sync"
+    with pytest.raises(ValueError, match="Pendulum-v1 has no vector entry point"):
+        ppo.main(["--env-id", "Pendulum-v1", "--vectorization", "vector_entry_point", "--out", str(tmp_path),
+                  *TINY_PPO])
+
+
+def test_vector_entry_point_episodes():
+    """Gymnasium's numpy CartPole with DISABLED autoreset, through TorchRL's GymWrapper: every transition is a real
+    step (reward 1), the episode return counts the steps since the last reset, a finished environment restarts from
+    a fresh initial state while the others carry on, and truncation comes exactly at max_episode_steps."""
+    ppo = load("ppo_gymnasium")
+    env = ppo.make_env("CartPole-v1", 6, "vector_entry_point", torch.device("cpu"), max_episode_steps=20)
+    assert isinstance(env.base_env._env.unwrapped, ppo.CartPoleVectorEnvDisabledAutoreset)
+    env.set_seed(0)
+    torch.manual_seed(0)
+    data = env.rollout(150, break_when_any_done=False)  # random actions; TorchRL resets finished environments
+    nxt = data["next"]
+    assert (nxt["reward"] == 1).all(), "a transition with reward != 1: an autoreset step was recorded"
+    done, terminated, truncated = (nxt[k].squeeze(-1) for k in ("done", "terminated", "truncated"))
+    assert terminated.any() and truncated.any() and not (done ^ (terminated | truncated)).any()
+    for b in range(6):
+        length = 0
+        for t in range(150):
+            length += 1
+            where = f"env {b}, step {t}"
+            assert nxt["episode_reward"][b, t].item() == length, where
+            assert bool(truncated[b, t]) == (length == 20), where
+            if t + 1 == 150:
+                break
+            if done[b, t]:
+                assert terminated[b, t] or length == 20, where
+                assert (data["observation"][b, t + 1].abs() <= 0.05).all(), f"{where}: not a fresh initial state"
+                length = 0
+            else:
+                assert torch.equal(data["observation"][b, t + 1], nxt["observation"][b, t]), f"{where}: jumped"
 
 
 @pytest.mark.parametrize("estimator", ["torchrl", "triton"])
