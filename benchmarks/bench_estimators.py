@@ -1,10 +1,11 @@
 """Estimator-module benchmark: full calls on rollout TensorDicts, ours against TorchRL's classes.
 
-    python benchmarks/bench_estimators.py [--B 4096] [--T 128] [--out h200]
+    python benchmarks/bench_estimators.py [--B 4096] [--T 128] [--modes eager,compile,cudagraph] [--out h200]
 
-Per class (GAE, TDLambdaEstimator, VTrace) and setting (values precomputed in the rollout, or a small value
-network evaluated by the module): host wall time per call (calls back to back, device drained at the end) and the
-outputs' largest difference to TorchRL's. Ours is checked against TorchRL's before it is timed.
+Per mode (eager; torch.compile; tensordict's CudaGraphModule), class (GAE, TDLambdaEstimator, VTrace) and setting
+(values precomputed in the rollout, or a small value network evaluated by the module): host wall time per call
+(calls back to back, device drained at the end), device time on CUDA, and the outputs' largest difference to
+TorchRL's eager output. Each is checked against TorchRL's eager output before it is timed.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from torch import nn
 from torchrl.modules import OneHotCategorical, ProbabilisticActor
 
 import rl_triton_torchrl as ours
-from _common import environment, wall_time_us, write_results
+from _common import device_time_us, environment, wall_time_us, write_results
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OBS, ACTIONS = 8, 4
@@ -63,43 +64,82 @@ def build(module, name, with_net, actor, critic):
     return getattr(module, name)(**kw)
 
 
+def wrap(module, mode):
+    """The module as called in ``mode``: eager, torch.compile'd (default inductor mode, as TorchRL's PPO scripts
+    compile their advantage module) or inside tensordict's ``CudaGraphModule``."""
+    if mode == "eager":
+        return module
+    if mode == "compile":
+        return torch.compile(module)
+    from tensordict.nn import CudaGraphModule
+
+    return CudaGraphModule(module, warmup=3)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--B", type=int, default=4096)
     parser.add_argument("--T", type=int, default=128)
+    parser.add_argument("--modes", default="eager,compile,cudagraph" if DEVICE == "cuda" else "eager",
+                        help="comma-separated: eager, compile, cudagraph (CUDA only)")
     parser.add_argument("--out", default="h200" if DEVICE == "cuda" else "cpu")
     args = parser.parse_args()
     actor, critic = networks()
     rows = []
-    for name in ("GAE", "TDLambdaEstimator", "VTrace"):
-        for with_net in (False, True):
-            if name == "VTrace" and not with_net:
-                continue
-            td = rollout(args.B, args.T)
-            row = {"estimator": name, "value_network": with_net, "B": args.B, "T": args.T}
-            mods = {k: build(m, name, with_net, actor, critic) for k, m in (("torchrl", trl_value), ("ours", ours))}
-            key = "advantage" if name != "TDLambdaEstimator" else "value_target"
-            with torch.no_grad():
-                outs = {k: m(td.clone())[key] for k, m in mods.items()}
-                row["max_abs_diff"] = (outs["ours"] - outs["torchrl"]).abs().max().item()
-                ok = row["max_abs_diff"] <= 1e-3 * (1 + outs["torchrl"].abs().max().item())
-                row["status"] = "ok" if ok else "wrong"
-                for k, m in mods.items():
-                    if k == "ours" and not ok:
-                        continue
-                    data = td.clone()
-                    row[f"{k}_wall_us"] = wall_time_us(lambda: m(data))
-            if row.get("ours_wall_us"):
-                row["speedup"] = row["torchrl_wall_us"] / row["ours_wall_us"]
-            rows.append(row)
-            print(row, flush=True)
-    columns = [("estimator", "estimator"), ("value_network", "value network"), ("B", "B"), ("T", "T"),
-               ("status", "check"), ("torchrl_wall_us", "TorchRL µs/call"), ("ours_wall_us", "ours µs/call"),
-               ("speedup", "speed-up"), ("max_abs_diff", "max |ours - TorchRL|")]
+    for mode in args.modes.split(","):
+        for name in ("GAE", "TDLambdaEstimator", "VTrace"):
+            for with_net in (False, True):
+                if name == "VTrace" and not with_net:
+                    continue
+                rows.append(measure(mode, name, with_net, args, actor, critic))
+                print(rows[-1], flush=True)
+    columns = [("mode", "mode"), ("estimator", "estimator"), ("value_network", "value network"), ("B", "B"),
+               ("T", "T"), ("status", "check"), ("torchrl_wall_us", "TorchRL µs/call"),
+               ("ours_wall_us", "ours µs/call"), ("speedup", "speed-up"), ("torchrl_device_us", "TorchRL device µs"),
+               ("ours_device_us", "ours device µs"), ("max_abs_diff", "max |ours - TorchRL eager|")]
     out = write_results("bench_estimators", environment(), rows, args.out, columns,
                         f"Estimator modules on rollout TensorDicts ({DEVICE})",
-                        notes=f"Command: `python benchmarks/bench_estimators.py --B {args.B} --T {args.T}`")
+                        notes=f"Command: `python benchmarks/bench_estimators.py --B {args.B} --T {args.T} "
+                              f"--modes {args.modes}`\n\nWall time: host time per call, calls back to back, the "
+                              "device drained once at the end. Device time: median of do_bench with L2 flushed, the "
+                              "call captured in a CUDA graph of its own when it can be (else timed as called, "
+                              "host gaps included). Every mode's output is checked against TorchRL's eager output "
+                              "before it is timed.")
     print(f"wrote {out}")
+
+
+def measure(mode, name, with_net, args, actor, critic):
+    torch._dynamo.reset()  # a fresh compile cache per row (the classes share code objects)
+    td = rollout(args.B, args.T)
+    row = {"mode": mode, "estimator": name, "value_network": with_net, "B": args.B, "T": args.T}
+    key = "advantage" if name != "TDLambdaEstimator" else "value_target"
+    eager = {k: build(m, name, with_net, actor, critic) for k, m in (("torchrl", trl_value), ("ours", ours))}
+    with torch.no_grad():
+        reference = eager["torchrl"](td.clone())[key]
+        scale = 1 + reference.abs().max().item()
+        for k, module in eager.items():
+            data = td.clone()
+            try:
+                fn = wrap(module, mode)
+                out = fn(data)[key]
+                out = fn(data)[key]  # the second call (compiled, captured)
+            except Exception as e:  # noqa: BLE001 - reported in the table, not hidden
+                row[f"{k}_status"] = f"failed: {type(e).__name__}"
+                continue
+            diff = (out - reference).abs().max().item()
+            if k == "ours":
+                row["max_abs_diff"] = diff
+            if diff > 1e-3 * scale:
+                row[f"{k}_status"] = "wrong"
+                continue
+            row[f"{k}_status"] = "ok"
+            row[f"{k}_wall_us"] = wall_time_us(lambda: fn(data))
+            if DEVICE == "cuda":
+                row[f"{k}_device_us"], row[f"{k}_device_how"] = device_time_us(lambda: fn(data))
+    row["status"] = ", ".join(f"{k}: {row.get(f'{k}_status')}" for k in ("ours", "torchrl"))
+    if row.get("ours_wall_us") and row.get("torchrl_wall_us"):
+        row["speedup"] = row["torchrl_wall_us"] / row["ours_wall_us"]
+    return row
 
 
 if __name__ == "__main__":

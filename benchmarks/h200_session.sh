@@ -3,7 +3,8 @@
 # estimator. Run from the repository root on the GPU machine (see ../shared/device/README.md for the wheels);
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
-# STEPS picks steps (default: all, in this order): tests kernels estimators sb3 host ppo. All of them take about
+# STEPS picks steps (default: tests kernels estimators sb3 host ppo; also scale, hypothesis, ddp1, ddp2), run in
+# this order: tests scale hypothesis kernels estimators sb3 host ppo ddp1 ddp2. All of them take about
 # 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py --plan` estimates it), so
 # with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -20,8 +21,17 @@ export PYTHONUNBUFFERED=1
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt"
 if has tests; then
-  timeout 110 python -m pytest tests -q -n 8 -p no:cacheprovider > "$R/pytest_cuda.log" 2>&1
+  timeout 200 python -m pytest tests -q -n 8 -m "not gpu_scale" -p no:cacheprovider > "$R/pytest_cuda.log" 2>&1
   tail -2 "$R/pytest_cuda.log"
+fi
+if has scale; then  # > 2^31 elements, 2^22 steps, peak memory (GPU-only tests, one process: they need the memory)
+  timeout 150 python -m pytest tests/test_scale.py -m gpu_scale -q -s -p no:cacheprovider > "$R/pytest_scale.log" 2>&1
+  tail -3 "$R/pytest_scale.log"
+fi
+if has hypothesis; then  # the property tests with many more examples, on the GPU kernels
+  HYPOTHESIS_EXAMPLES=${HYPOTHESIS_EXAMPLES:-400} timeout 200 python -m pytest tests/test_properties.py -q -n 8 \
+    -p no:cacheprovider > "$R/pytest_hypothesis.log" 2>&1
+  tail -2 "$R/pytest_hypothesis.log"
 fi
 cd benchmarks
 if has kernels; then
@@ -36,8 +46,8 @@ if has kernels; then
     tail -2 "$R/bench_kernels.log"
   fi
 fi
-if has estimators; then
-  timeout 60 python bench_estimators.py --B 4096 --T 128 --out "$R/h200" > "$R/bench_estimators.log" 2>&1
+if has estimators; then  # eager, torch.compile and CudaGraphModule calls
+  timeout 300 python bench_estimators.py --B 4096 --T 128 --out "$R/h200" > "$R/bench_estimators.log" 2>&1
   tail -1 "$R/bench_estimators.log"
 fi
 if has sb3; then
@@ -48,13 +58,27 @@ if has host; then
   cat "$R/h200/host_overhead.json"
 fi
 cd ..
-if has ppo; then
-  for est in triton torchrl; do
-    timeout 60 python examples/ppo_gymnasium.py --estimator "$est" --device cuda --num-envs 1024 --rollout-len 64 \
-      --total-frames 524288 --minibatch-size 16384 --epochs 4 --lr 1e-3 --no-progress \
-      --out "$R/examples/ppo_cuda_1024envs_$est" > "$R/examples/ppo_cuda_$est.log" 2>&1
-    tail -3 "$R/examples/ppo_cuda_$est.log"
-  done
+if has ppo; then  # CartPole with 4096 environments on Gymnasium's native vector env, networks on the GPU: both
+  # estimators over PPO_SEEDS seeds (curves, table, per-iteration time breakdown in each run's progress.csv)
+  timeout 400 python examples/compare_curves.py --seeds ${PPO_SEEDS:-2} --out "$R/examples/compare_ppo_cuda_4096envs" \
+    --device cuda --num-envs 4096 --rollout-len 32 --epochs 4 --minibatch-size 16384 --lr 2.5e-3 \
+    --total-frames ${PPO_FRAMES:-4000000} --return-window 200 --no-progress > "$R/examples/compare_ppo_cuda.log" 2>&1
+  tail -12 "$R/examples/compare_ppo_cuda.log"
+fi
+if has ddp1; then  # the data-parallel example on one GPU: the baseline of its scaling efficiency
+  NCCL_NVLS_ENABLE=0 timeout 200 python -m torch.distributed.run --standalone --nproc_per_node=1 examples/ppo_ddp.py \
+    --device cuda --num-envs 4096 --rollout-len 32 --epochs 4 --minibatch-size 16384 --lr 2.5e-3 \
+    --total-frames ${DDP_FRAMES:-4000000} --return-window 200 --no-progress --out "$R/examples/ddp_1gpu" \
+    > "$R/examples/ddp_1gpu.log" 2>&1
+  tail -3 "$R/examples/ddp_1gpu.log"
+fi
+if has ddp2; then  # two GPUs (nvidia-h200-x2), the same per-rank configuration, twice the frames
+  NCCL_NVLS_ENABLE=0 timeout 300 python -m torch.distributed.run --standalone --nproc_per_node=2 examples/ppo_ddp.py \
+    --device cuda --num-envs 4096 --rollout-len 32 --epochs 4 --minibatch-size 16384 --lr 2.5e-3 \
+    --total-frames ${DDP_FRAMES:-8000000} --return-window 200 --checkpoint "$R/examples/ddp_2gpu/checkpoint.pt" \
+    --no-progress --out "$R/examples/ddp_2gpu" > "$R/examples/ddp_2gpu.log" 2>&1
+  tail -3 "$R/examples/ddp_2gpu.log"
+  rm -f "$R/examples/ddp_2gpu/checkpoint.pt"
 fi
 tar czf "$OUT/results.tgz" -C "$R" .
 ls -la "$OUT"

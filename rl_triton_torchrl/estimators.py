@@ -10,8 +10,9 @@ change: TorchRL's own ``forward``/``value_estimate`` are re-bound (``_rebind``) 
 and nothing global is modified.
 
 ``vectorized`` is accepted and has no effect: TorchRL's loop and vectorised functionals both map to our exact
-kernels. With ``differentiable=True`` and a value network whose outputs require grad, the differentiable torch
-path computes the estimate (the Triton kernels have no backward yet) and says so with a warning.
+kernels. With ``differentiable=True`` and a value network whose outputs require grad, gradients flow through the
+estimate: the coefficients are built with torch ops and the scan runs forward and backward on the Triton scan kernel
+(``kernels.scan.scan_rows``).
 
 One addition: a ``truncated`` key (``set_keys(truncated=...)``, default ``"truncated"``). A rollout that lacks
 ``("next", done)`` but has ``("next", terminated)`` and ``("next", truncated)`` gets ``done = terminated |
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import types
 
 from tensordict import TensorDictBase
@@ -36,6 +38,7 @@ __all__ = [
     "TD1Estimator",
     "TDLambdaEstimator",
     "VTrace",
+    "MissingKeyError",
     "TORCHRL_FUNCTIONALS",
 ]
 
@@ -52,6 +55,22 @@ TORCHRL_FUNCTIONALS = {
         "vtrace_advantage_estimate",
     )
 }
+
+
+def _shadow_module(namespace: dict, replacements: dict) -> types.ModuleType:
+    """A module holding a copy of a TorchRL module's namespace with ``replacements`` in it (one per module).
+
+    A real, importable module rather than a bare dict: torch.compile resolves a function's globals by the module
+    name they carry, so the re-bound functions must carry a name that leads back to this namespace.
+    """
+    name = f"{__name__}._shadow_{namespace['__name__'].replace('.', '_')}"
+    module = sys.modules.get(name)
+    if module is None:
+        module = types.ModuleType(name)
+        module.__dict__.update({k: v for k, v in namespace.items() if k not in ("__name__", "__spec__", "__loader__")})
+        module.__dict__.update(replacements)
+        sys.modules[name] = module
+    return module
 
 
 def _rebind(fn, replacements=TORCHRL_FUNCTIONALS):
@@ -74,7 +93,8 @@ def _rebind(fn, replacements=TORCHRL_FUNCTIONALS):
             cells.append(types.CellType(_rebind(content, replacements)) if isinstance(content, types.FunctionType)
                          else cell)
         cells = tuple(cells)
-    new = types.FunctionType(fn.__code__, {**fn.__globals__, **replacements}, fn.__name__, fn.__defaults__, cells)
+    new = types.FunctionType(fn.__code__, _shadow_module(fn.__globals__, replacements).__dict__, fn.__name__,
+                             fn.__defaults__, cells)
     new.__kwdefaults__ = fn.__kwdefaults__
     functools.update_wrapper(new, fn, updated=())
     new.__dict__.update(fn.__dict__)
@@ -98,16 +118,39 @@ def _with_truncated(keys_cls):
 
 
 class _OurMath:
-    """Mixin: completes the episode flags of a rollout, then runs TorchRL's re-bound ``forward``."""
+    """Mixin: completes the episode flags of a rollout, checks its keys, then runs TorchRL's re-bound ``forward``."""
 
     _torchrl_forward = None
+    # the entries an estimate reads besides the reward: each group is (field of tensor_keys, under "next"), one
+    # entry of a group suffices. The value entries are read only without a value network.
+    _needed_keys = ((("done", True),),)
 
     def forward(self, *args, **kwargs):
         # TorchRL's forward also takes its inputs as keyword tensors (tensordict's ``dispatch``): pass all along
         tensordict = args[0] if args else kwargs.get("tensordict")
         if isinstance(tensordict, TensorDictBase):
             self._complete_flags(tensordict)
+            self._check_keys(tensordict)
         return self._torchrl_forward(*args, **kwargs)
+
+    def _check_keys(self, tensordict: TensorDictBase) -> None:
+        """A ``MissingKeyError`` naming this class and every missing entry. (TorchRL's own code fails on ``None``
+        with an ``AttributeError``, or with a ``ValueError`` for a missing value entry.)"""
+        keys = self.tensor_keys
+        groups = [(("reward", True),), *self._needed_keys]
+        if self.value_network is None:
+            groups += [(("value", False),), (("value", True),)]
+        present = tensordict.keys(include_nested=True)
+        missing, hint = [], "rename the keys with set_keys(...)"
+        for group in groups:
+            entries = [unravel_key(("next", getattr(keys, f)) if nxt else getattr(keys, f)) for f, nxt in group]
+            if all(isinstance(e, (str, tuple)) and e not in present for e in entries):
+                missing.append(" or ".join(map(repr, entries)))
+                if group[0][0] == "value":
+                    hint = "rename the keys with set_keys(...), or pass a value_network"
+        if missing:
+            raise MissingKeyError(f"{type(self).__name__}: the tensordict has no {' and no '.join(missing)} entry "
+                                  f"({hint})")
 
     def _complete_flags(self, tensordict: TensorDictBase) -> None:
         keys = self.tensor_keys
@@ -119,6 +162,14 @@ class _OurMath:
             tensordict.set(done, tensordict.get(term) | tensordict.get(trunc))
         elif term not in present and done in present:
             tensordict.set(term, tensordict.get(done) & ~tensordict.get(trunc))
+
+
+class MissingKeyError(KeyError, ValueError):
+    """An entry an estimator needs is missing from the tensordict. A ``KeyError``, and also a ``ValueError`` because
+    TorchRL raises ``ValueError`` for a missing value entry: code catching either keeps working."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
 
 
 def _our_math(cls):
@@ -144,7 +195,7 @@ class MultiAgentGAE(_OurMath, _trl.MultiAgentGAE):
 
 @_our_math
 class TD0Estimator(_OurMath, _trl.TD0Estimator):
-    pass
+    _needed_keys = ((("terminated", True), ("done", True)),)  # TD(0) reads terminated, or done in its place
 
 
 @_our_math
@@ -159,4 +210,4 @@ class TDLambdaEstimator(_OurMath, _trl.TDLambdaEstimator):
 
 @_our_math
 class VTrace(_OurMath, _trl.VTrace):
-    pass
+    _needed_keys = ((("done", True),), (("sample_log_prob", False),))

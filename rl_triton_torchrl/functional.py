@@ -84,7 +84,7 @@ def td0_return_estimate(gamma, next_state_value, reward, terminated=None, *, don
         backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.
     """
     if done is not None and terminated is None:
-        terminated = done.clone()
+        terminated = done  # read, never written: no copy
         warnings.warn("done for td0_return_estimate is deprecated. Pass ``terminated`` instead.")
     if terminated is None:
         raise InputError("td0_return_estimate needs terminated flags")
@@ -275,7 +275,7 @@ def reward2go(reward, done, gamma, *, time_dim=-2, backend="auto"):
         >>> reward2go(reward, done, 0.5, time_dim=-1)
         tensor([[1.8750, 1.7500, 1.5000, 1.0000, 1.8750, 1.7500, 1.5000, 1.0000, 1.5000, 1.0000]])
     """
-    if not isinstance(done, torch.Tensor) or not isinstance(reward, torch.Tensor) or reward.shape != done.shape:
+    if isinstance(done, torch.Tensor) and isinstance(reward, torch.Tensor) and reward.shape != done.shape:
         raise InputError(f"reward and done must share the same shape, got {getattr(reward, 'shape', None)} and "
                          f"{getattr(done, 'shape', None)}")
     return discounted_return(reward, done, gamma=gamma, time_dim=time_dim, backend=backend)

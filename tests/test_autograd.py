@@ -1,9 +1,13 @@
-"""Gradients flow through our estimators exactly as through TorchRL's loop functionals.
+"""Gradients: the scan's backward (the same scan run the other way) chained through every algorithm's coefficients.
 
-The Triton kernels have no backward yet: with an input that requires grad, backend="triton" warns and runs the
-differentiable torch path. These tests pin both facts.
+With an input that requires grad, backend="triton" builds the coefficients with torch ops and runs the scan, forward
+and backward, on the Triton scan kernel (a custom op); backend="torch" differentiates the torch path. Both are checked
+with ``torch.autograd.gradcheck`` in float64 for every algorithm and every input that can need a gradient, and
+against TorchRL's loop functionals.
 """
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -11,6 +15,7 @@ import torchrl.objectives.value.functional as trl
 
 from _helpers import BACKENDS, DEVICE, assert_close, flags, randn
 import rl_triton_torchrl.functional as ours
+from rl_triton_torchrl import kernels as K
 
 CASES = {
     "gae": (lambda m, x, g, lm: m.generalized_advantage_estimate(g, lm, x["v"], x["nv"], x["r"], x["d"], x["t"])),
@@ -33,10 +38,9 @@ def test_gradients_match_torchrl(algo, backend):
     for name, module in (("ours", _Backend(ours, backend)), ("torchrl", trl)):
         x = {k: v.clone().requires_grad_() for k, v in base.items()} | {"d": done, "t": term}
         g = gamma.clone().requires_grad_()
-        if name == "ours" and backend == "triton":
-            with pytest.warns(UserWarning, match="no backward yet"):
-                out = CASES[algo](module, x, g, 0.9)
-        else:
+        with warnings.catch_warnings():
+            if name == "ours":
+                warnings.simplefilter("error", UserWarning)  # no fallback warning: the requested path runs
             out = CASES[algo](module, x, g, 0.9)
         out = out if isinstance(out, tuple) else (out,)
         sum((o * weights).sum() for o in out).backward()
@@ -59,12 +63,122 @@ class _Backend:
         return lambda *args, **kwargs: fn(*args, backend=self.backend, **kwargs)
 
 
-def test_no_grad_keeps_triton():
-    """Under no_grad nothing needs a gradient: the requested path runs, without a warning."""
-    import warnings
+def test_no_grad_keeps_the_fused_kernel(monkeypatch):
+    """Under no_grad nothing needs a gradient: the fused kernel runs, not the scan op."""
+    from rl_triton_torchrl.kernels import scan
 
+    def fail(*args, **kwargs):
+        raise AssertionError("the scan op ran")
+
+    monkeypatch.setattr(scan, "_scan_op", fail)
     x = torch.randn(2, 5, 1, device=DEVICE, requires_grad=True)
     d = torch.zeros(2, 5, 1, dtype=torch.bool, device=DEVICE)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
+    with torch.no_grad():
         ours.generalized_advantage_estimate(0.9, 0.9, x, x, x, d, backend="triton")
+    with pytest.raises(AssertionError, match="the scan op ran"):
+        ours.generalized_advantage_estimate(0.9, 0.9, x, x, x, d, backend="triton")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gradcheck: float64, every algorithm, every differentiable input (values, rewards, log-probabilities, Q values,
+# tensor gamma/lambda/thresholds, carried states), with random done/terminated flags crossing several tiles.
+# ---------------------------------------------------------------------------------------------------------------
+
+SHAPE = (2, 7, 1)
+
+
+def _rollout(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    done, term = flags(SHAPE, "random", gen)
+    done[0, 3], term[0, 3] = True, False  # a truncation and a termination in every case
+    done[1, 2], term[1, 2] = True, True
+    f = {k: randn(SHAPE, gen, torch.float64) for k in ("r", "v", "nv", "lpi", "lmu", "x")}
+    f["gamma"] = (0.8 + 0.15 * torch.rand(SHAPE, generator=gen, dtype=torch.float64)).to(DEVICE)
+    f["lmbda"] = (0.5 + 0.4 * torch.rand(SHAPE, generator=gen, dtype=torch.float64)).to(DEVICE)
+    f["h0"] = randn(SHAPE[:1] + SHAPE[2:], gen, torch.float64)
+    return f, done, term
+
+
+# name -> (function of the differentiable tensors (in order), their names)
+GRAD_CASES = {
+    "linear_scan": (lambda f, d, t, **kw: K.linear_scan(f["lmbda"], f["x"], reverse=True, initial_state=f["h0"],
+                                                         output_final_state=True, **kw),
+                    ("lmbda", "x", "h0")),
+    "linear_scan_fwd": (lambda f, d, t, **kw: K.linear_scan(f["lmbda"], f["x"], initial_state=f["h0"],
+                                                             output_final_state=True, **kw),
+                        ("lmbda", "x", "h0")),
+    "gae": (lambda f, d, t, **kw: K.gae(f["r"], f["v"], f["nv"], d, t, gamma=f["gamma"], lmbda=f["lmbda"],
+                                        initial_state=f["h0"], output_final_state=True, **kw),
+            ("r", "v", "nv", "gamma", "lmbda", "h0")),
+    "td_lambda": (lambda f, d, t, **kw: K.td_lambda_advantage(f["r"], f["v"], f["nv"], d, t, gamma=f["gamma"],
+                                                              lmbda=f["lmbda"], **kw),
+                  ("r", "v", "nv", "gamma", "lmbda")),
+    "td_lambda_state": (lambda f, d, t, **kw: K.td_lambda_return(f["r"], f["nv"], d, t, gamma=f["gamma"], lmbda=0.9,
+                                                                 initial_state=f["h0"], output_final_state=True,
+                                                                 **kw),
+                        ("r", "nv", "gamma", "h0")),
+    "discounted": (lambda f, d, t, **kw: K.discounted_return(f["r"], d, gamma=f["gamma"], **kw), ("r", "gamma")),
+    "vtrace": (lambda f, d, t, **kw: K.vtrace(f["lpi"], f["lmu"], f["v"], f["nv"], f["r"], d, t, gamma=f["gamma"],
+                                              rho_thresh=1.0, c_thresh=1.0, initial_state=f["h0"],
+                                              output_final_state=True, **kw),
+               ("lpi", "lmu", "v", "nv", "r", "gamma", "h0")),
+    "retrace": (lambda f, d, t, **kw: K.retrace(f["v"], f["nv"], f["r"], d, t, log_ratio=f["lpi"], gamma=f["gamma"],
+                                                lmbda=f["lmbda"], c_bar=1.0, initial_state=f["h0"],
+                                                output_final_state=True, **kw),
+                ("v", "nv", "r", "lpi", "gamma", "lmbda", "h0")),
+    "prefix_sum": (lambda f, d, t, **kw: K.episodic_prefix_sum(f["x"], d, reset="after_done", discount=f["gamma"],
+                                                               initial_state=f["h0"], output_final_state=True,
+                                                               **kw),
+                   ("x", "gamma", "h0")),
+    "traces": (lambda f, d, t, **kw: K.eligibility_traces(f["x"], d, gamma=f["gamma"], lmbda=f["lmbda"], **kw),
+               ("x", "gamma", "lmbda")),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", list(GRAD_CASES))
+def test_gradcheck(algo, backend, small_tiles):
+    """Analytical gradients (the backward scan) against finite differences; the small tiles make the rows cross
+    chunks, so the backward's carries between chunks are exercised too."""
+    fn, names = GRAD_CASES[algo]
+    f, done, term = _rollout()
+    leaves = [f[k].clone().requires_grad_() for k in names]
+
+    def call(*xs):
+        g = dict(f, **dict(zip(names, xs)))
+        out = fn(g, done, term, backend=backend)
+        return out if isinstance(out, tuple) else (out,)
+
+    assert torch.autograd.gradcheck(call, leaves, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_second_order(backend):
+    """The backward is built from the same differentiable op, so gradients of gradients exist and are right."""
+    f, done, term = _rollout(1)
+    leaves = [f[k].clone().requires_grad_() for k in ("r", "v", "lmbda")]
+
+    def call(r, v, lmbda):
+        return K.gae(r, v, f["nv"], done, term, gamma=0.9, lmbda=lmbda, backend=backend)[0]
+
+    assert torch.autograd.gradgradcheck(call, leaves, eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dreamer_style_lambda_return_loss(backend):
+    """An actor loss that backpropagates through lambda-returns of predicted values and rewards (DreamerV3): the
+    same gradients as through TorchRL's loop ``td_lambda_return_estimate``."""
+    gen = torch.Generator().manual_seed(3)
+    shape = (4, 15, 1)
+    reward, value = randn(shape, gen, torch.float64), randn(shape, gen, torch.float64)
+    done = torch.zeros(shape, dtype=torch.bool, device=DEVICE)
+    done[:, -1] = True
+    grads = {}
+    for name, fn in (("ours", lambda *a: ours.td_lambda_return_estimate(*a, backend=backend)),
+                     ("torchrl", trl.td_lambda_return_estimate)):
+        r, v = reward.clone().requires_grad_(), value.clone().requires_grad_()
+        ret = fn(0.99, 0.95, v, r, done, done)
+        (-(ret * torch.linspace(0.1, 1, 15, dtype=torch.float64, device=DEVICE)[:, None])).sum().backward()
+        grads[name] = (r.grad, v.grad)
+    for i, (a, b) in enumerate(zip(*grads.values())):
+        assert_close(f"grad {i}", a, b)

@@ -87,8 +87,9 @@ def test_backend_env_overrides_auto(monkeypatch):
 
     assert resolve_backend("auto", torch.device("cpu")) == "torch"
     assert resolve_backend("auto", torch.device("cuda")) == "triton"
-    with pytest.warns(UserWarning, match="no backward yet"):
-        assert resolve_backend("auto", torch.device("cuda"), torch.ones(1, requires_grad=True)) == "torch"
+    assert resolve_backend("auto", torch.device("cuda"), torch.ones(1, requires_grad=True)) == "triton_scan"
+    with torch.no_grad():
+        assert resolve_backend("auto", torch.device("cuda"), torch.ones(1, requires_grad=True)) == "triton"
     inputs = dict(reward=_x(), state_value=_x(), next_state_value=_x(), done=_d())
     out = {}
     for env in ("torch", "triton"):

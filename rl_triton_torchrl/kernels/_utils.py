@@ -6,13 +6,16 @@ validated tensors, the time layout and the accumulation dtype.
 from __future__ import annotations
 
 import math
+import numbers
 import os
-import warnings
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["InputError", "Layout", "check_inputs", "check_coef", "resolve_backend", "rows_strides"]
+__all__ = [
+    "InputError", "Layout", "check_inputs", "check_coef", "check_nonnegative", "check_values", "checks_values",
+    "resolve_backend", "rows_strides",
+]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BACKENDS = ("auto", "triton", "torch")
@@ -55,11 +58,12 @@ class Layout:
 
 
 def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
-    """The path that runs: ``"triton"`` or ``"torch"``.
+    """The path that runs: ``"triton"`` (fused kernel), ``"triton_scan"`` or ``"torch"``.
 
-    ``"auto"`` -> ``$RL_TRITON_TORCHRL_BACKEND`` if set, else ``"triton"`` on CUDA and ``"torch"`` elsewhere.
-    The Triton kernels have no backward yet: when autograd needs a gradient through any of ``inputs``, the torch path
-    (differentiable, on the same device) runs instead, with a one-time warning.
+    ``"auto"`` -> ``$RL_TRITON_TORCHRL_BACKEND`` if set, else Triton on CUDA and torch elsewhere. A Triton call runs
+    its fused kernel, unless autograd needs a gradient through any of ``inputs`` or torch.compile is tracing: then
+    ``"triton_scan"``, the coefficients built with torch ops and the scan run by the Triton scan kernel as a
+    differentiable custom op (``scan.scan_rows``), the same numbers.
     """
     if backend not in BACKENDS:
         raise InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -76,28 +80,30 @@ def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
             f"backend='triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 before importing triton "
             "to run the kernels on the CPU through Triton's interpreter, or use backend='torch'"
         )
-    if backend == "triton" and torch.is_grad_enabled() and any(
+    if backend == "triton" and device.type not in ("cuda", "cpu"):  # e.g. meta tensors: no memory to read
+        raise InputError(f"backend='triton' runs on CUDA tensors (or CPU ones through Triton's interpreter), got "
+                         f"{device} tensors; use backend='torch'")
+    if backend == "triton" and (torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in inputs
-    ):
-        warnings.warn(
-            "rl_triton_torchrl: an input requires grad and the Triton kernels have no backward yet; running the "
-            "differentiable torch path instead",
-            stacklevel=3,
-        )
-        backend = "torch"
+    ))):
+        backend = "triton_scan"
     return backend
 
 
 def check_coef(name: str, value, layout: Layout, *, low: float = 0.0, high: float | None = 1.0):
     """Checks a coefficient (gamma, lmbda, ...) given as a Python number or a tensor broadcastable to the inputs.
 
-    Python numbers and CPU tensors are range-checked; CUDA tensors are not (that would synchronise the device).
+    Python numbers and CPU tensors are range-checked; CUDA tensors are not (that would synchronise the device), nor
+    are tensors while torch.compile traces (the values are not known then).
     """
     if isinstance(value, torch.Tensor):
         if not value.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor or a float, got a {value.dtype} tensor")
-        if value.device != layout.device and value.numel() != 1:
-            raise InputError(f"{name} is on {value.device} but the inputs are on {layout.device}")
+        if value.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
+        if value.device != layout.device and not (value.numel() == 1 and value.device.type == "cpu"):
+            raise InputError(f"{name} is on {value.device} but the inputs are on {layout.device} (a one-element "
+                             "coefficient may also be a CPU tensor)")
         try:
             ok = torch.broadcast_shapes(value.shape, layout.shape) == layout.shape
         except RuntimeError:
@@ -105,42 +111,63 @@ def check_coef(name: str, value, layout: Layout, *, low: float = 0.0, high: floa
         if not ok:
             raise InputError(f"{name} has shape {tuple(value.shape)}, which does not broadcast to the inputs' "
                              f"shape {tuple(layout.shape)}")
+        if torch.compiler.is_compiling():  # reading values would break the graph: checked in eager calls only
+            return value
         if value.device.type == "cpu" and value.numel() == 1:  # the common case (an estimator's buffer): no tensor ops
             v = value.item()
             if not math.isfinite(v) or v < low or (high is not None and v > high):
-                raise InputError(f"{name} must lie in [{low}, {high}], got a value of {v}")
+                raise InputError(f"{name} must {_range(low, high)}, got a value of {v}")
         elif value.device.type == "cpu" and value.numel():
             v = value.detach().double()
             bad = ~torch.isfinite(v) | (v < low)
             if high is not None:
                 bad |= v > high
             if bad.any():
-                raise InputError(f"{name} must lie in [{low}, {high}], got a value of {v[bad].flatten()[0].item()}")
+                raise InputError(f"{name} must {_range(low, high)}, got a value of {v[bad].flatten()[0].item()}")
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numbers.Real: numpy scalars too
         raise TypeError(f"{name} must be a float or a tensor, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value) or value < low or (high is not None and value > high):
-        raise InputError(f"{name} must lie in [{low}, {high}], got {value}")
+        raise InputError(f"{name} must {_range(low, high)}, got {value}")
     return value
 
 
-def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None = None) -> Layout:
+def _range(low: float, high: float | None) -> str:
+    return f"lie in [{low}, {high}]" if high is not None else f"be finite and >= {low}"
+
+
+def _check_tensor(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
+
+
+def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None = None, *,
+                 optional: tuple = ()) -> Layout:
     """Validates the inputs of one call and returns their common layout.
 
     Args:
         time_dim: the time dimension of every input.
-        floats: name -> float tensor or None. All given ones share one shape, dtype and device.
-        flags: name -> bool tensor or None, of the same shape.
-        states: name -> tensor or None, of the input shape without the time dimension.
+        floats: name -> float tensor. All share one shape, dtype and device.
+        flags: name -> bool tensor, of the same shape.
+        states: name -> float tensor or None, of the input shape without the time dimension.
+        optional: the names in ``floats`` and ``flags`` that may be None; any other None raises ``TypeError``.
     """
+    for name, x in {**floats, **flags}.items():
+        if x is None and name not in optional:
+            if name in flags:
+                raise TypeError(f"{name} must be a bool torch.Tensor, got None (pass torch.zeros_like("
+                                f"{next(iter(floats))}, dtype=torch.bool) where no step is flagged)")
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got None")
     given = {k: v for k, v in floats.items() if v is not None}
     if not given:
         raise InputError(f"at least one of {tuple(floats)} must be given")
     ref_name, ref = next(iter(given.items()))
-    for name, x in {**given, **{k: v for k, v in flags.items() if v is not None}}.items():
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    everything = {**given, **{k: v for k, v in flags.items() if v is not None}}
+    for name, x in everything.items():
+        _check_tensor(name, x)
     for name, x in given.items():
         if x.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be a floating-point tensor ({', '.join(map(str, FLOAT_DTYPES))}), "
@@ -149,16 +176,18 @@ def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None =
             raise TypeError(f"{name} has dtype {x.dtype} but {ref_name} has {ref.dtype}: pass one float dtype")
     for name, x in flags.items():
         if x is not None and x.dtype != torch.bool:
+            # integer 0/1 flags are refused, not converted: TorchRL's flags are bool, and its loop functionals
+            # negate them with ``~``, which maps integer 0/1 to -1/-2 (a silently wrong answer there)
             raise TypeError(f"{name} must be a bool tensor (True where the flag is set), got {x.dtype}")
-    everything = {**given, **{k: v for k, v in flags.items() if v is not None}}
     for name, x in everything.items():
         if x.shape != ref.shape:
             raise InputError(f"{name} has shape {tuple(x.shape)} but {ref_name} has {tuple(ref.shape)}: "
                              "every input must have the same [*B, T, *F] shape")
         if x.device != ref.device:
             raise InputError(f"{name} is on {x.device} but {ref_name} is on {ref.device}")
-    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+    if isinstance(time_dim, bool) or not isinstance(time_dim, numbers.Integral):
         raise TypeError(f"time_dim must be an int, got {type(time_dim).__name__}")
+    time_dim = int(time_dim)
     ndim = ref.dim()
     if ndim == 0:
         raise InputError(f"{ref_name} must have a time dimension, got a 0-d tensor")
@@ -179,8 +208,7 @@ def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None =
     for name, s in (states or {}).items():
         if s is None:
             continue
-        if not isinstance(s, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+        _check_tensor(name, s)
         if s.shape != layout.state_shape:
             raise InputError(f"{name} has shape {tuple(s.shape)}, expected {tuple(layout.state_shape)} "
                              "(the input shape without its time dimension)")
@@ -189,6 +217,27 @@ def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None =
         if not s.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {s.dtype}")
     return layout
+
+
+def checks_values(x: torch.Tensor) -> bool:
+    """Whether the values of ``x`` are checked: on CPU tensors, yes. On CUDA a check would synchronise the device
+    (and torch.compile could not trace it): CUDA inputs are not value-checked, and the kernels propagate what they
+    get as the float64 reference does."""
+    return x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling()
+
+
+def check_values(name: str, x: torch.Tensor, bad: torch.Tensor, rule: str) -> None:
+    """Raises ``InputError`` naming the first index of ``x`` where the bool tensor ``bad`` holds (CPU tensors)."""
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise InputError(f"{name} {rule}; got {x[idx].item()!r} at index {idx} ({int(bad.sum())} such elements)")
+
+
+def check_nonnegative(name: str, x: torch.Tensor | None) -> None:
+    """A probability (or a ratio of them) must not be negative: a finite negative value would give a finite, wrong
+    answer. Non-finite values (NaN, -inf) are not errors: they propagate to the outputs as in the reference."""
+    if x is not None and checks_values(x):
+        check_values(name, x, x.isfinite() & (x < 0), "must not be negative (a probability, or a ratio of them)")
 
 
 def _merged_stride(sizes, strides) -> int | None:

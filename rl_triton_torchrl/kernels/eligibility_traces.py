@@ -75,9 +75,8 @@ def eligibility_traces(
         tensor([1.0000, 1.5000, 1.0000, 1.5000])
     """
     layout = check_inputs(time_dim, {"x": x}, {"done": done}, {"initial_state": initial_state})
-    if done is None:
-        raise TypeError("done must be a torch.Tensor, got NoneType (pass torch.zeros_like(x, dtype=torch.bool) for "
-                        "no episode ends)")
-    decay = check_coef("gamma", gamma, layout) * check_coef("lmbda", lmbda, layout)
+    gamma, lmbda = (c.to(layout.device, layout.acc_dtype) if isinstance(c, torch.Tensor) else c
+                    for c in (check_coef("gamma", gamma, layout), check_coef("lmbda", lmbda, layout)))
+    decay = gamma * lmbda  # in the accumulation dtype: a product of half-precision tensors would be rounded
     return episodic_prefix_sum(x, done, reset="after_done", discount=decay, time_dim=time_dim,
                                initial_state=initial_state, output_final_state=output_final_state, backend=backend)

@@ -21,7 +21,7 @@ import triton.language as tl
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,
-    rows_state, rows_time, scan_tile, state_out, store_state, store_tile, torch_linear_scan,
+    rows_state, rows_time, rows_time_unless, scan_tile, state_out, store_state, store_tile, scan_rows,
 )
 
 __all__ = ["gae"]
@@ -53,9 +53,10 @@ def _gae_fwd_kernel(
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)
+        # V' of a terminated step is never read (nor can a NaN there leak)
+        b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m & (b_nterm > 0), ACC)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
         b_a, b_b = _gae_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_l)
@@ -116,6 +117,7 @@ def gae(
         {"reward": reward, "state_value": state_value, "next_state_value": next_state_value},
         {"done": done, "terminated": terminated},
         {"initial_state": initial_state},
+        optional=("terminated",),
     )
     gamma = check_coef("gamma", gamma, layout)
     lmbda = check_coef("lmbda", lmbda, layout)
@@ -123,14 +125,15 @@ def gae(
     adv, vt = new_outputs(layout, 2)
     if layout.empty:
         ht = empty_state(layout, initial_state)
-    elif resolve_backend(backend, layout.device, reward, state_value, next_state_value, gamma, lmbda,
-                                                    initial_state) == "torch":
+    elif (path := resolve_backend(backend, layout.device, reward, state_value, next_state_value, gamma, lmbda,
+                                  initial_state)) != "triton":
         v = rows_time(state_value, layout)
         b_a, b_b = gae_coefficients(
-            rows_time(reward, layout), v, rows_time(next_state_value, layout), not_flag(done, layout),
+            rows_time(reward, layout), v, rows_time_unless(next_state_value, terminated, layout),
+            not_flag(done, layout),
             not_flag(terminated, layout), rows_time(gamma, layout), rows_time(lmbda, layout),
         )
-        h, ht = torch_linear_scan(b_a, b_b, rows_state(initial_state), reverse=True)
+        h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
         adv, vt, ht = from_rows_time(h, layout), from_rows_time(h + v, layout), state_out(ht, layout)
     else:
         ht = launch(

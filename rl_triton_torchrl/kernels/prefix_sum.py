@@ -33,7 +33,7 @@ import triton.language as tl
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,
-    rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
+    rows_state, rows_time, scan_tile, state_out, store_tile, scan_rows,
 )
 
 __all__ = ["episodic_prefix_sum"]
@@ -76,7 +76,7 @@ def _prefix_sum_fwd_kernel(
         if AFTER_DONE:  # the last step's flag resets the state carried out
             o_last = tl.zeros([1], dtype=tl.int64) + (T - 1)
             b_f = tl.sum(load_tile(f_ptr, o_o, o_i, o_last, s_f_o, s_f_t, s_f_i, m_r[:, None], ACC), axis=1)
-            b_h = b_h * (1.0 - b_f)  # [BLOCK_R]
+            b_h = tl.where(b_f > 0, 0.0, b_h)  # [BLOCK_R]
         tl.store(ht_ptr + o_r, b_h, mask=m_r)
 
 
@@ -134,20 +134,17 @@ def episodic_prefix_sum(
     """
     after_done = check_reset(reset)
     layout = check_inputs(time_dim, {"x": x}, {"boundary": boundary}, {"initial_state": initial_state})
-    if boundary is None:
-        raise TypeError("boundary must be a torch.Tensor, got NoneType (pass torch.zeros_like(x, dtype=torch.bool) "
-                        "for no boundaries)")
     discount = check_coef("discount", discount, layout)
     (s,) = new_outputs(layout, 1)
     if layout.empty:
         ht = empty_state(layout, initial_state)
-    elif resolve_backend(backend, layout.device, x, discount, initial_state) == "torch":
+    elif (path := resolve_backend(backend, layout.device, x, discount, initial_state)) != "triton":
         nf = not_flag(boundary, layout)  # [R, T]
         nr = torch.nn.functional.pad(nf[:, :-1], (1, 0), value=1.0) if after_done else nf  # 1 - reset_t
         b_a, b_b = prefix_sum_coefficients(rows_time(x, layout), nr, rows_time(discount, layout))
-        h, ht = torch_linear_scan(b_a, b_b, rows_state(initial_state), reverse=False)
+        h, ht = scan_rows(b_a, b_b, rows_state(initial_state), False, path)
         if after_done:
-            ht = ht * nf[:, -1]
+            ht = torch.where(nf[:, -1] == 0, 0.0, ht)
         s, ht = from_rows_time(h, layout), state_out(ht, layout)
     else:
         ht = launch(

@@ -1,7 +1,9 @@
 """Float64 sequential references: the test oracle of every fast path.
 
 Plain loops over time, one step at a time, written to be read: each is the recurrence in its algorithm's module
-docstring, nothing more. Inputs are ``[*B, T, *F]`` with any ``time_dim``; outputs are float64 in the same shape.
+docstring, nothing more. Non-finite values: a done step, and any step whose coefficient on the carried term is
+exactly zero (lambda = 0, a zero trace), does not depend on what comes after it, so a NaN or inf there stays there
+(``times``). Inputs are ``[*B, T, *F]`` with any ``time_dim``; outputs are float64 in the same shape.
 """
 from __future__ import annotations
 
@@ -18,6 +20,12 @@ __all__ = [
     "retrace_ref",
     "retrace_discrete_ref",
 ]
+
+
+def times(coef, x):
+    """``coef * x`` for the term carried from the next (or previous) step: a zero coefficient means the step does not
+    depend on it at all, so a NaN or inf there does not pass (0 * inf would be NaN)."""
+    return torch.where(coef == 0, 0.0, coef * x)
 
 
 def _time_last(x, shape, time_dim):
@@ -39,7 +47,7 @@ def linear_scan_ref(a, b, *, reverse=False, time_dim=-2, initial_state=None):
     state = torch.zeros(b.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
     T = b.shape[-1]
     for t in (reversed(range(T)) if reverse else range(T)):
-        state = a[..., t] * state + b[..., t]
+        state = times(a[..., t], state) + b[..., t]
         h[..., t] = state
     return _time_back(h, time_dim).to(device), state.to(device)
 
@@ -58,7 +66,7 @@ def gae_ref(reward, state_value, next_state_value, done, terminated=None, *, gam
         bootstrap = torch.where(term[..., t], 0.0, nv[..., t])
         delta = r[..., t] + g[..., t] * bootstrap - v[..., t]
         nxt = torch.where(d[..., t], 0.0, nxt)  # a done step starts nothing after it
-        nxt = adv[..., t] = delta + g[..., t] * lm[..., t] * nxt
+        nxt = adv[..., t] = delta + times(g[..., t] * lm[..., t], nxt)
     return _time_back(adv, time_dim).to(device), _time_back(adv + v, time_dim).to(device), nxt.to(device)
 
 
@@ -87,7 +95,9 @@ def td_lambda_return_ref(reward, next_state_value, done, terminated=None, *, gam
         if nxt is None:  # window end without a carried return: bootstrap like a truncation
             nxt = bootstrap
         follow = torch.where(d[..., t], bootstrap, nxt)
-        nxt = out[..., t] = r[..., t] + g[..., t] * ((1 - lm[..., t]) * bootstrap + lm[..., t] * follow)
+        nxt = out[..., t] = r[..., t] + g[..., t] * ((1 - lm[..., t]) * bootstrap + times(lm[..., t], follow))
+    if nxt is None:  # T = 0: nothing carried
+        nxt = torch.zeros(r.shape[:-1], dtype=torch.float64)
     return _time_back(out, time_dim).to(device), nxt.to(device)
 
 
@@ -100,7 +110,7 @@ def discounted_return_ref(reward, done, *, gamma, time_dim=-2):
     out = torch.empty_like(r)
     nxt = torch.zeros(r.shape[:-1], dtype=torch.float64)
     for t in reversed(range(r.shape[-1])):
-        nxt = out[..., t] = r[..., t] + g[..., t] * torch.where(d[..., t], 0.0, nxt)
+        nxt = out[..., t] = r[..., t] + times(g[..., t], torch.where(d[..., t], 0.0, nxt))
     return _time_back(out, time_dim).to(device)
 
 
@@ -113,7 +123,7 @@ def eligibility_traces_ref(x, done, *, gamma, lmbda, time_dim=-2, initial_state=
     out = torch.empty_like(xs)
     trace = torch.zeros(xs.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
     for t in range(xs.shape[-1]):
-        trace = out[..., t] = g[..., t] * lm[..., t] * trace + xs[..., t]
+        trace = out[..., t] = times(g[..., t] * lm[..., t], trace) + xs[..., t]
         trace = torch.where(d[..., t], 0.0, trace)  # the episode ends after step t: nothing enters step t + 1
     return _time_back(out, time_dim).to(device), trace.to(device)
 
@@ -133,7 +143,7 @@ def episodic_prefix_sum_ref(x, boundary, *, reset, discount=1.0, time_dim=-2, in
     for t in range(xs.shape[-1]):
         if reset == "at_start":
             total = torch.where(f[..., t], 0.0, total)  # step t starts an episode
-        total = out[..., t] = g[..., t] * total + xs[..., t]
+        total = out[..., t] = times(g[..., t], total) + xs[..., t]
         if reset == "after_done":
             total = torch.where(f[..., t], 0.0, total)  # step t ends an episode
     return _time_back(out, time_dim).to(device), total.to(device)
@@ -166,7 +176,7 @@ def vtrace_ref(log_pi, log_mu, state_value, next_state_value, reward, done, term
         adv[..., t] = rho * (r[..., t] + g[..., t] * vs_next - v[..., t])
         delta = rho * (r[..., t] + g[..., t] * bootstrap - v[..., t])
         nxt = torch.where(d[..., t], 0.0, nxt)  # a done step starts nothing after it
-        nxt = delta + g[..., t] * c * nxt
+        nxt = delta + times(g[..., t] * c, nxt)
         vs[..., t] = nxt + v[..., t]
     return _time_back(adv, time_dim).to(device), _time_back(vs, time_dim).to(device), nxt.to(device)
 
@@ -189,9 +199,9 @@ def retrace_ref(q_taken, next_expected_q, reward, done, terminated=None, *, rati
     carried = torch.zeros(r.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
     for t in reversed(range(T)):
         bootstrap = torch.where(term[..., t], 0.0, nq[..., t])
-        correction = carried if t == T - 1 else c[..., t + 1] * (q_ret[..., t + 1] - q[..., t + 1])
+        correction = carried if t == T - 1 else times(c[..., t + 1], q_ret[..., t + 1] - q[..., t + 1])
         correction = torch.where(d[..., t], 0.0, correction)  # never mix in the next episode
-        q_ret[..., t] = r[..., t] + g[..., t] * bootstrap + g[..., t] * correction
+        q_ret[..., t] = r[..., t] + g[..., t] * bootstrap + times(g[..., t], correction)
     final = carried if T == 0 else c[..., 0] * (q_ret[..., 0] - q[..., 0])
     return _time_back(q_ret, time_dim).to(device), _time_back(q_ret - q, time_dim).to(device), final.to(device)
 
@@ -203,8 +213,8 @@ def retrace_discrete_ref(pi, action, q_values, next_pi, next_q_values, reward, d
     A = pi.shape[-1]
     pi, q, npi, nq = (x.double() for x in (pi, q_values, next_pi, next_q_values))
     one_hot = torch.nn.functional.one_hot(action, A).double()
-    q_taken = (one_hot * q).sum(-1)
-    pi_taken = (one_hot * pi).sum(-1)
+    q_taken = torch.where(one_hot > 0, q, 0.0).sum(-1)  # the taken action's entry alone (a gather)
+    pi_taken = torch.where(one_hot > 0, pi, 0.0).sum(-1)
     next_expected_q = torch.zeros(nq.shape[:-1], dtype=torch.float64, device=nq.device)
     for a in range(A):
         next_expected_q += npi[..., a] * nq[..., a]

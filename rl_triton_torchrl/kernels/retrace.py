@@ -11,18 +11,21 @@ the taken action is
 the trace of the *next* step, :math:`c_{t+1}`, weighting the correction it carries back. :math:`s'_t` is the
 observation reached by step t, so :math:`\mathbb{E}_\pi Q(s'_t, \cdot)` (``next_expected_q``) bootstraps a
 truncation from the true next state, a termination bootstraps from nothing, and a done step never reads the next
-episode. The kernel scans the correction :math:`g_t = Q^{ret}_t - Q(s_t, a_t)`:
+episode. The kernel scans :math:`Q^{ret}` itself:
 
 .. math::
 
-    g_t = \underbrace{r_t + \gamma_t (1 - \mathrm{terminated}_t)\, \mathbb{E}_\pi Q(s'_t, \cdot) - Q(s_t, a_t)}_{b_t}
-          + \underbrace{\gamma_t (1 - \mathrm{done}_t)\, c_{t+1}}_{a_t}\, g_{t+1},
+    Q^{ret}_t = \underbrace{r_t + \gamma_t (1 - \mathrm{terminated}_t)\, \mathbb{E}_\pi Q(s'_t, \cdot)
+                - a_t\, Q(s_{t+1}, a_{t+1})}_{b_t}
+          + \underbrace{\gamma_t (1 - \mathrm{done}_t)\, c_{t+1}}_{a_t}\, Q^{ret}_{t+1},
 
-a reverse scan whose :math:`c_{t+1}` is a plain load one step later (not a scan). The carried state is
-:math:`u_T = c_T g_T`, the trace-weighted correction at the first step of the following segment of the rollout
-(``initial_state``), since :math:`c_T` belongs to that segment: the last step takes :math:`c_{t+1} = 1` and
-:math:`g_{t+1} = u_T`. Without it :math:`u_T = 0`: the window end bootstraps from
-:math:`\mathbb{E}_\pi Q(s'_{T-1}, \cdot)` like a truncation. The final state is :math:`u_0 = c_0 g_0`. Outputs are
+a reverse scan whose :math:`c_{t+1}` and :math:`Q(s_{t+1}, a_{t+1})` are plain loads one step later (not a scan);
+:math:`Q^{ret}_t` never reads :math:`Q(s_t, a_t)`, so a non-finite value there stays in that step's advantage
+:math:`g_t = Q^{ret}_t - Q(s_t, a_t)`. The carried state is :math:`u_T = c_T g_T`, the trace-weighted correction at
+the first step of the following segment of the rollout (``initial_state``), since :math:`c_T` belongs to that
+segment: the last step takes :math:`c_{t+1} = 1`, :math:`Q(s_{t+1}, a_{t+1}) = 0` and :math:`Q^{ret}_{t+1} = u_T`.
+Without it :math:`u_T = 0`: the window end bootstraps from :math:`\mathbb{E}_\pi Q(s'_{T-1}, \cdot)` like a
+truncation. The final state is :math:`u_0 = c_0 g_0`. Outputs are
 :math:`Q^{ret}_t` and the advantage :math:`g_t = Q^{ret}_t - Q(s_t, a_t)`.
 
 ``retrace`` takes the generic per-step inputs (any action space): :math:`Q(s_t, a_t)`, the ratio
@@ -35,19 +38,21 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import InputError, check_coef, check_inputs, resolve_backend
+from ._utils import (
+    InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values, resolve_backend,
+)
 from .scan import (
     chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag,
-    row_prologue, rows_state, rows_time, scan_tile, state_out, store_tile, torch_linear_scan,
+    row_prologue, rows_state, rows_time, rows_time_unless, scan_tile, state_out, store_tile, scan_rows,
 )
 
 __all__ = ["retrace", "retrace_discrete"]
 
 
-def retrace_coefficients(reward, q_taken, next_expected_q, not_done, not_terminated, gamma, next_trace):
-    """(a_t, b_t) of the Retrace correction recurrence, with next_trace = c_(t+1); plain arithmetic shared by the
-    Triton kernel and the torch path."""
-    return gamma * not_done * next_trace, reward + gamma * not_terminated * next_expected_q - q_taken
+def retrace_coefficients(reward, next_expected_q, not_done, not_terminated, gamma, next_trace):
+    """a_t and the part of b_t without the next step's Q of the recurrence of Q_ret, with next_trace = c_(t+1);
+    plain arithmetic shared by the Triton kernel and the torch path. b_t = that - a_t Q(s_(t+1), a_(t+1))."""
+    return gamma * not_done * next_trace, reward + gamma * not_terminated * next_expected_q
 
 
 _retrace_coefficients = triton.jit(retrace_coefficients)
@@ -86,28 +91,34 @@ def _retrace_fwd_kernel(
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_q = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_nq = load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)
+        # the expected Q' of a terminated step is never read (nor can a NaN there leak)
+        b_nq = load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m & (b_nterm > 0), ACC)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
-        # c_(t+1): a load one step later; past the window end 1, the carried state being c_T g_T already
+        # c_(t+1): a load one step later; past the window end 1, the carried state being c_T g_T already; not read
+        # after a done step (it belongs to the next episode)
         o_t1 = o_t + 1
         m_t1 = o_t1 < T
-        b_c1 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1, m_r[:, None] & m_t1[None, :],
+        b_c1 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1,
+                      m_r[:, None] & m_t1[None, :] & (b_nd > 0),
                       s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
                       s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
         b_c1 = tl.where(m_t1[None, :], b_c1, 1.0)  # [BLOCK_R, BLOCK_T]
-        b_a, b_b = _retrace_coefficients(b_r, b_q, b_nq, b_nd, b_nterm, b_g, b_c1)
-        b_adv, b_h = scan_tile(b_a, b_b, b_h, m, True)
-        store_tile(qret_ptr, b_adv + b_q, o_o, o_i, o_t, T, inner, m)
-        store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
-    if STORE_FINAL_STATE:  # u_0 = c_0 g_0: the trace of step 0, read from column 0 of a first-chunk tile
+        b_a, b_b = _retrace_coefficients(b_r, b_nq, b_nd, b_nterm, b_g, b_c1)
+        # Q(s_(t+1), a_(t+1)), 0 past the window end, and not read where a_t = 0
+        b_q1 = load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m_r[:, None] & m_t1[None, :] & (b_a != 0), ACC)
+        b_qret, b_h = scan_tile(b_a, b_b - b_a * b_q1, b_h, m, True)
+        store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m)
+        store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m)
+    if STORE_FINAL_STATE:  # u_0 = c_0 (Q_ret_0 - Q_0), from column 0 of a first-chunk tile
         o_t = tl.arange(0, BLOCK_T).to(tl.int64)
         m_0 = m_r[:, None] & (o_t == 0)[None, :]
         b_c0 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t, m_0,
                       s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
                       s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
-        tl.store(ht_ptr + o_r, edge_column(b_c0, True) * b_h, mask=m_r)
+        b_q0 = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m_0, ACC)  # [BLOCK_R, BLOCK_T]
+        tl.store(ht_ptr + o_r, edge_column(b_c0, True) * (b_h - edge_column(b_q0, True)), mask=m_r)
 
 
 def retrace(
@@ -177,7 +188,9 @@ def retrace(
          "log_ratio": log_ratio},
         {"done": done, "terminated": terminated},
         {"initial_state": initial_state},
+        optional=("ratio", "log_ratio", "terminated"),
     )
+    check_nonnegative("ratio", ratio)
     gamma = check_coef("gamma", gamma, layout)
     lmbda = check_coef("lmbda", lmbda, layout)
     c_bar = check_coef("c_bar", c_bar, layout, high=None)
@@ -185,19 +198,23 @@ def retrace(
     q_ret, adv = new_outputs(layout, 2)
     if layout.empty:
         ht = empty_state(layout, initial_state)
-    elif resolve_backend(backend, layout.device, q_taken, next_expected_q, reward, ratio, log_ratio, gamma, lmbda,
-                         c_bar, initial_state) == "torch":
+    elif (path := resolve_backend(backend, layout.device, q_taken, next_expected_q, reward, ratio, log_ratio, gamma,
+                                  lmbda, c_bar, initial_state)) != "triton":
         w = rows_time(ratio, layout) if log_ratio is None else torch.exp(rows_time(log_ratio, layout))
         c = rows_time(lmbda, layout) * w.clamp_max(rows_time(c_bar, layout))
         c = c.expand_as(w)  # lmbda and c_bar may both be numbers
         c1 = torch.cat([c[:, 1:], torch.ones_like(c[:, :1])], dim=1)  # c_(t+1), 1 past the window end
+        c1 = torch.where(rows_time(done, layout), 0.0, c1)  # not read after a done step (the next episode's)
         q = rows_time(q_taken, layout)
         b_a, b_b = retrace_coefficients(
-            rows_time(reward, layout), q, rows_time(next_expected_q, layout), not_flag(done, layout),
-            not_flag(terminated, layout), rows_time(gamma, layout), c1,
+            rows_time(reward, layout), rows_time_unless(next_expected_q, terminated, layout),
+            not_flag(done, layout), not_flag(terminated, layout), rows_time(gamma, layout), c1,
         )
-        h, ht = torch_linear_scan(b_a, b_b, rows_state(initial_state), reverse=True)
-        q_ret, adv, ht = from_rows_time(h + q, layout), from_rows_time(h, layout), state_out(c[:, 0] * ht, layout)
+        q1 = torch.cat([q[:, 1:], torch.zeros_like(q[:, :1])], dim=1)  # Q(s_(t+1), a_(t+1)), 0 past the window end
+        b_b = b_b - torch.where(b_a == 0, 0.0, b_a * q1)  # not read where a_t = 0
+        h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
+        q_ret, adv = from_rows_time(h, layout), from_rows_time(h - q, layout)
+        ht = state_out(c[:, 0] * (ht - q[:, 0]), layout)
     else:
         ht = launch(
             _retrace_fwd_kernel, layout,
@@ -289,7 +306,10 @@ def retrace_discrete(
     if action.device != layout.device:
         raise InputError(f"action is on {action.device} but pi is on {layout.device}")
     n_actions = layout.shape[-1]
-    if action.device.type == "cpu" and action.numel() and not (0 <= action.min() and action.max() < n_actions):
+    if n_actions == 0 and action.numel():
+        raise InputError(f"pi has shape {tuple(layout.shape)}: no actions to index")
+    checked = checks_values(action)  # on CUDA an index out of range reads NaN below instead (no sync, no crash)
+    if checked and not (0 <= action.min() and action.max() < n_actions):
         raise InputError(f"action holds indices outside [0, {n_actions}): {action.min().item()}.."
                          f"{action.max().item()}")
     mu = behavior_prob if behavior_log_prob is None else behavior_log_prob
@@ -302,19 +322,28 @@ def retrace_discrete(
         raise InputError(f"{mu_name} has shape {tuple(mu.shape)}, expected {tuple(action.shape)}")
     if mu.device != layout.device:
         raise InputError(f"{mu_name} is on {mu.device} but pi is on {layout.device}")
+    check_inputs(layout.time_dim, {"reward": reward, mu_name: mu}, {"done": done, "terminated": terminated},
+                 {"initial_state": initial_state}, optional=("terminated",))  # the per-step inputs, [*B, T]
+    for name, p in (("pi", pi), ("next_pi", next_pi), ("behavior_prob", behavior_prob)):
+        check_nonnegative(name, p)
     # the reductions in the accumulation dtype; the generic kernel runs on them, and the outputs are cast back
     acc, dtype = layout.acc_dtype, layout.dtype
     idx = action.unsqueeze(-1)
+    if not checked:
+        valid = (action >= 0) & (action < n_actions)
+        idx = torch.where(valid, action, 0).unsqueeze(-1)
     q_taken = q_values.gather(-1, idx).squeeze(-1).to(acc)
     pi_taken = pi.gather(-1, idx).squeeze(-1).to(acc)
+    if not checked:
+        q_taken, pi_taken = (torch.where(valid, x, float("nan")) for x in (q_taken, pi_taken))
+    if behavior_log_prob is None and checks_values(pi_taken):
+        check_values("behavior_prob", behavior_prob, (pi_taken == 0) & (behavior_prob == 0),
+                     "must not be 0 where pi of the taken action is 0 too (the ratio 0/0)")
     next_expected_q = (next_pi.to(acc) * next_q_values.to(acc)).sum(-1)
     if behavior_log_prob is None:
         weights = {"ratio": pi_taken / behavior_prob.to(acc)}
     else:
         weights = {"log_ratio": pi_taken.log() - behavior_log_prob.to(acc)}
-    if not isinstance(reward, torch.Tensor) or reward.dtype != dtype:
-        raise TypeError(f"reward must be a {dtype} tensor like pi, got "
-                        f"{reward.dtype if isinstance(reward, torch.Tensor) else type(reward).__name__}")
     out = retrace(q_taken, next_expected_q, reward.to(acc), done, terminated, **weights, gamma=gamma, lmbda=lmbda,
                   c_bar=c_bar, time_dim=layout.time_dim, initial_state=initial_state,
                   output_final_state=output_final_state, backend=backend)

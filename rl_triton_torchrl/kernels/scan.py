@@ -49,8 +49,15 @@ POISON_OUTPUTS = False
 
 @triton.jit
 def _affine_combine(a_l, b_l, a_r, b_r):
-    # `l` comes first in scan order, `r` after it: apply l, then r.
-    return a_r * a_l, a_r * b_l + b_r
+    # `l` comes first in scan order, `r` after it: apply l, then r. A zero a_r (an episode boundary) makes the map
+    # constant, so nothing of `l` may pass it, not even a NaN or inf through 0 * NaN.
+    return tl.where(a_r == 0, 0.0, a_r * a_l), tl.where(a_r == 0, b_r, a_r * b_l + b_r)
+
+
+@triton.jit
+def apply_map(b_a, b_b, b_h):
+    """``a * h + b``, where a zero ``a`` cuts off ``h`` entirely (a non-finite ``h`` does not leak through 0 * h)."""
+    return tl.where(b_a == 0, b_b, b_a * b_h + b_b)
 
 
 @triton.jit
@@ -154,7 +161,7 @@ def scan_tile(b_a, b_b, b_h0, m, REVERSE: tl.constexpr):
     b_a = tl.where(m, b_a, 1.0)
     b_b = tl.where(m, b_b, 0.0)
     b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine, reverse=REVERSE)
-    b_h = b_A * b_h0[:, None] + b_B
+    b_h = apply_map(b_A, b_B, b_h0[:, None])
     return b_h, edge_column(b_h, REVERSE)
 
 
@@ -259,6 +266,11 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _torch_apply_map(a, b, h):
+    """``a * h + b``, where a zero ``a`` cuts off ``h`` entirely (as ``apply_map`` in the kernels)."""
+    return torch.where(a == 0, b, torch.addcmul(b, a, h) if isinstance(b, torch.Tensor) else a * h)
+
+
 def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None, reverse: bool = False):
     """Scans ``h_t = a_t h_(t-1) + b_t`` (or ``h_(t+1)`` with ``reverse``) along the last dimension of ``[R, T]``.
 
@@ -290,8 +302,8 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
     h_loc, p_loc = [None] * C, [None] * C
     h_j, p_j = None, None
     for j in order:
-        h_j = b_cols[j] if h_j is None else torch.addcmul(b_cols[j], a_cols[j], h_j)
-        p_j = a_cols[j] if p_j is None else a_cols[j] * p_j
+        h_j = b_cols[j] if h_j is None else _torch_apply_map(a_cols[j], b_cols[j], h_j)
+        p_j = a_cols[j] if p_j is None else _torch_apply_map(a_cols[j], 0.0, p_j)
         h_loc[j], p_loc[j] = h_j, p_j
     # states entering each chunk, carried sequentially across the K chunks in scan order
     enter = [None] * K
@@ -299,8 +311,8 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
     h_last, p_last = h_j.t().unbind(0), p_j.t().unbind(0)  # each chunk's composite: K views [R]
     for k in (range(K - 1, -1, -1) if reverse else range(K)):
         enter[k] = h
-        h = torch.addcmul(h_last[k], p_last[k], h)
-    out = torch.addcmul(torch.stack(h_loc), torch.stack(p_loc), torch.stack(enter, -1))  # [C, R, K]
+        h = _torch_apply_map(p_last[k], h_last[k], h)
+    out = _torch_apply_map(torch.stack(p_loc), torch.stack(h_loc), torch.stack(enter, -1))  # [C, R, K]
     return out.permute(1, 2, 0).reshape(R, K * C)[:, :T], h
 
 
@@ -328,6 +340,11 @@ def from_rows_time(y: torch.Tensor, layout: Layout) -> torch.Tensor:
     return y.reshape(*lead, layout.T).movedim(-1, layout.time_dim).to(layout.dtype).contiguous()
 
 
+def rows_time_unless(x, flag, layout: Layout):
+    """``rows_time(x)`` with zeros where ``flag`` is set: a masked load, so that a NaN or inf there is never read."""
+    return torch.where(rows_time(flag, layout), 0.0, rows_time(x, layout))
+
+
 def rows_state(initial_state):
     return None if initial_state is None else initial_state.reshape(-1)
 
@@ -339,6 +356,87 @@ def not_flag(x, layout: Layout):
 
 def state_out(h: torch.Tensor, layout: Layout) -> torch.Tensor:
     return h.reshape(layout.state_shape).to(layout.acc_dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The scan as a PyTorch custom op: differentiable (its backward is the same scan run the other way) and opaque to
+# torch.compile (fullgraph tracing, CUDA graphs). The paths that build coefficients with torch ops use it whenever
+# autograd or the compiler is involved; the fused kernels serve every other call.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _rows_layout(b: torch.Tensor) -> Layout:
+    R, T = b.shape
+    return Layout(shape=b.shape, time_dim=1, outer=R, T=T, inner=1, dtype=b.dtype, acc_dtype=b.dtype,
+                  device=b.device)
+
+
+@torch.library.custom_op("rl_triton_torchrl::linear_scan", mutates_args=())
+def _scan_op(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None, reverse: bool,
+             use_triton: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[R, T]`` coefficients (one float dtype, same shape) -> (h ``[R, T]`` contiguous, final state ``[R]``)."""
+    layout = _rows_layout(b)
+    if layout.empty:
+        ht = torch.zeros(b.shape[0], dtype=b.dtype, device=b.device) if h0 is None else h0.clone()
+        return b.new_empty(b.shape), ht
+    if not use_triton:
+        h, ht = torch_linear_scan(a, b, h0, reverse)
+        return h.contiguous(), ht
+    (h,) = new_outputs(layout, 1)
+    ht = launch(_linear_scan_fwd_kernel, layout, inputs={"a": a, "b": b}, outputs={"h": h}, initial_state=h0,
+                output_final_state=True, REVERSE=reverse)
+    return h, ht
+
+
+@_scan_op.register_fake
+def _scan_op_fake(a, b, h0, reverse, use_triton):
+    return b.new_empty(b.shape), b.new_empty(b.shape[:1])
+
+
+def _scan_op_setup_context(ctx, inputs, output):
+    a, _, h0, reverse, use_triton = inputs
+    ctx.save_for_backward(a, output[0], h0)
+    ctx.reverse, ctx.use_triton = reverse, use_triton
+
+
+def _scan_op_backward(ctx, g_h, g_ht):
+    r"""The adjoint of :math:`h_t = a_t h_{t\mp1} + b_t` is the same recurrence run the other way,
+    :math:`g_t = \partial L / \partial h_t + a_{t\pm1} g_{t\pm1}`; then :math:`\partial L / \partial b_t = g_t`,
+    :math:`\partial L / \partial a_t = g_t h_{t\mp1}` and the entering state gets :math:`a g` of the step it enters."""
+    a, h, h0 = ctx.saved_tensors
+    R, T = h.shape
+    g_h = torch.zeros_like(h) if g_h is None else g_h
+    if g_ht is not None:  # the final state is h at the last step in scan order
+        last = torch.zeros_like(h)
+        last[:, 0 if ctx.reverse else T - 1] = g_ht
+        g_h = g_h + last
+    zero = torch.zeros_like(h[:, :1])
+    state = zero if h0 is None else h0[:, None].to(h.dtype)
+    if ctx.reverse:  # g_t = G_t + a_(t-1) g_(t-1): a forward scan; h_(t+1) pairs with a_t
+        g, _ = _scan_op(torch.cat([zero, a[:, :-1]], 1), g_h, None, False, ctx.use_triton)
+        h_other, i_enter = torch.cat([h[:, 1:], state], 1), T - 1
+    else:  # g_t = G_t + a_(t+1) g_(t+1): a reverse scan; h_(t-1) pairs with a_t
+        g, _ = _scan_op(torch.cat([a[:, 1:], zero], 1), g_h, None, True, ctx.use_triton)
+        h_other, i_enter = torch.cat([state, h[:, :-1]], 1), 0
+    g_h0 = None if h0 is None else (a[:, i_enter] * g[:, i_enter]).to(h0.dtype)
+    return g * h_other, g, g_h0, None, None
+
+
+_scan_op.register_autograd(_scan_op_backward, setup_context=_scan_op_setup_context)
+
+
+def scan_rows(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None, reverse: bool, path: str):
+    """The scan of the paths that build coefficients with torch ops: ``[R, T]`` a, b -> (h, final state ``[R]``).
+
+    ``path`` comes from ``resolve_backend``: ``"torch"`` runs ``torch_linear_scan`` (autograd differentiates its
+    torch ops); ``"triton_scan"`` runs the Triton scan kernel as a custom op, forward and backward. Under
+    torch.compile both go through the custom op, so that the compiler sees one opaque, differentiable node.
+    """
+    if path == "torch" and not torch.compiler.is_compiling():
+        return torch_linear_scan(a, b, h0, reverse)
+    a, b = torch.broadcast_tensors(a, b)
+    h0 = None if h0 is None else h0.to(b.dtype)
+    return _scan_op(a, b, h0, reverse, path == "triton_scan")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -385,8 +483,8 @@ def linear_scan(
     if layout.empty:
         h = torch.empty(layout.shape, dtype=layout.dtype, device=layout.device)
         return (h, empty_state(layout, initial_state)) if output_final_state else h
-    if backend == "torch":
-        hs, ht = torch_linear_scan(rows_time(a, layout), rows_time(b, layout), rows_state(initial_state), reverse)
+    if backend != "triton":
+        hs, ht = scan_rows(rows_time(a, layout), rows_time(b, layout), rows_state(initial_state), reverse, backend)
         h = from_rows_time(hs, layout)
         return (h, state_out(ht, layout)) if output_final_state else h
     (h,) = new_outputs(layout, 1)

@@ -26,7 +26,7 @@ import triton.language as tl
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,
-    rows_state, rows_time, scan_tile, state_out, store_state, store_tile, torch_linear_scan,
+    rows_state, rows_time, rows_time_unless, scan_tile, state_out, store_state, store_tile, scan_rows,
 )
 
 __all__ = ["td_lambda_return", "td_lambda_advantage", "discounted_return"]
@@ -68,7 +68,8 @@ def _td_lambda_fwd_kernel(
         if not HAS_INITIAL_STATE:  # the window end bootstraps like a truncation
             b_d = tl.where((o_t == T - 1)[None, :], 1.0, b_d)
         if HAS_NEXT_VALUE:
-            b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+            # V' of a terminated step is never read (nor can a NaN there leak)
+            b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m & (b_term == 0), ACC)
         else:
             b_nv = tl.zeros_like(b_r)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
@@ -89,6 +90,7 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
         {"reward": reward, "next_state_value": next_state_value, "state_value": state_value},
         {"done": done, "terminated": terminated},
         {"initial_state": initial_state},
+        optional=("next_state_value", "state_value", "done", "terminated"),
     )
     if done is None and terminated is None:
         raise InputError("pass done (and/or terminated) flags")
@@ -100,17 +102,18 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
     (out,) = new_outputs(layout, 1)
     if layout.empty:
         ht = empty_state(layout, initial_state)
-    elif resolve_backend(backend, layout.device, reward, next_state_value, state_value, gamma,
-                                                    lmbda, initial_state) == "torch":
+    elif (path := resolve_backend(backend, layout.device, reward, next_state_value, state_value, gamma,
+                                  lmbda, initial_state)) != "triton":
         r = rows_time(reward, layout)
         nd, nterm = not_flag(done, layout), not_flag(terminated, layout)
         if done_or_terminated:
             nd = nd * nterm
         if initial_state is None:  # the window end bootstraps like a truncation
             nd[:, -1] = 0.0
-        nv = torch.zeros_like(r) if next_state_value is None else rows_time(next_state_value, layout)
+        nv = torch.zeros_like(r) if next_state_value is None else rows_time_unless(next_state_value, terminated,
+                                                                                    layout)
         b_a, b_b = td_lambda_coefficients(r, nv, nd, nterm, rows_time(gamma, layout), rows_time(lmbda, layout))
-        h, ht = torch_linear_scan(b_a, b_b, rows_state(initial_state), reverse=True)
+        h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
         if state_value is not None:
             h = h - rows_time(state_value, layout)
         out, ht = from_rows_time(h, layout), state_out(ht, layout)
@@ -126,6 +129,13 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
             DONE_OR_TERMINATED=done_or_terminated,
         )
     return (out, ht) if output_final_state else out
+
+
+def _require(name: str, x) -> None:
+    """TD(lambda) needs the values it bootstraps from (and subtracts): a None would silently mean zeros."""
+    if x is None:
+        hint = " (discounted_return computes returns without a bootstrap)" if name == "next_state_value" else ""
+        raise TypeError(f"{name} must be a floating-point torch.Tensor, got None{hint}")
 
 
 _COMMON_ARGS = r"""
@@ -166,6 +176,7 @@ def td_lambda_return(
         >>> td_lambda_return(reward, next_value, done, gamma=0.5, lmbda=1.0)[0, :, 0]
         tensor([3.0000, 4.0000, 6.0000])
     """
+    _require("next_state_value", next_state_value)
     return _td_lambda(reward, next_state_value, done, terminated, None, gamma=gamma, lmbda=lmbda, time_dim=time_dim,
                       initial_state=initial_state, output_final_state=output_final_state, backend=backend,
                       done_or_terminated=done_or_terminated)
@@ -187,6 +198,8 @@ def td_lambda_advantage(
     Returns:
         The advantages in the input shape and dtype, plus the final state (of :math:`G`) if asked for.
     """
+    _require("next_state_value", next_state_value)
+    _require("state_value", state_value)
     return _td_lambda(reward, next_state_value, done, terminated, state_value, gamma=gamma, lmbda=lmbda,
                       time_dim=time_dim, initial_state=initial_state, output_final_state=output_final_state,
                       backend=backend, done_or_terminated=done_or_terminated)

@@ -36,8 +36,8 @@ import triton.language as tl
 
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
-    chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag,
-    row_prologue, rows_state, rows_time, scan_tile, state_out, store_state, store_tile, torch_linear_scan,
+    apply_map, chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag,
+    row_prologue, rows_state, rows_time, rows_time_unless, scan_tile, state_out, store_state, store_tile, scan_rows,
 )
 
 __all__ = ["vtrace"]
@@ -75,9 +75,10 @@ def _vtrace_step(
     b_c = tl.minimum(b_ratio, b_ct)  # [BLOCK_R, BLOCK_T]
     b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
     b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-    b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC)  # [BLOCK_R, BLOCK_T]
     b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
     b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    # V' of a terminated step is never read (nor can a NaN there leak)
+    b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m & (b_nterm > 0), ACC)  # [BLOCK_R, BLOCK_T]
     b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
     b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
     return b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g
@@ -123,7 +124,7 @@ def _vtrace_fwd_kernel(
             s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
             ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR,
         )
-        b_hc = b_a * b_h1 + b_b  # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t
+        b_hc = apply_map(b_a, b_b, b_h1)  # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t
         # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone
         b_v1 = load_tile(v_ptr, o_o, o_i, o_t1, s_v_o, s_v_t, s_v_i, m_r[:, None] & m_t1[None, :], ACC)
         b_v1 = tl.where(m_t1[None, :], b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
@@ -198,6 +199,7 @@ def vtrace(
          "reward": reward},
         {"done": done, "terminated": terminated},
         {"initial_state": initial_state},
+        optional=("terminated",),
     )
     gamma = check_coef("gamma", gamma, layout)
     rho_thresh = check_coef("rho_thresh", rho_thresh, layout, high=None)
@@ -206,16 +208,17 @@ def vtrace(
     adv, vs = new_outputs(layout, 2)
     if layout.empty:
         ht = empty_state(layout, initial_state)
-    elif resolve_backend(backend, layout.device, log_pi, log_mu, state_value, next_state_value, reward, gamma,
-                         rho_thresh, c_thresh, initial_state) == "torch":
+    elif (path := resolve_backend(backend, layout.device, log_pi, log_mu, state_value, next_state_value, reward,
+                                  gamma, rho_thresh, c_thresh, initial_state)) != "triton":
         ratio = torch.exp(rows_time(log_pi, layout) - rows_time(log_mu, layout))
         rho = ratio.clamp_max(rows_time(rho_thresh, layout))
-        r, v, nv = (rows_time(x, layout) for x in (reward, state_value, next_state_value))
+        r, v, nv = rows_time(reward, layout), rows_time(state_value, layout), rows_time_unless(next_state_value,
+                                                                                              terminated, layout)
         nd, nterm, g = not_flag(done, layout), not_flag(terminated, layout), rows_time(gamma, layout)
         b_a, b_b = vtrace_coefficients(r, v, nv, nd, nterm, g, rho, ratio.clamp_max(rows_time(c_thresh, layout)))
         h0 = rows_state(initial_state)
         h0 = torch.zeros_like(v[:, 0]) if h0 is None else h0.to(v.dtype)
-        h, ht = torch_linear_scan(b_a, b_b, h0, reverse=True)
+        h, ht = scan_rows(b_a, b_b, h0, True, path)
         h1 = torch.cat([h[:, 1:], h0[:, None]], dim=1)  # h_(t+1)
         v1 = torch.cat([v[:, 1:], nv[:, -1:]], dim=1)  # V_(t+1), V'_(T-1) past the window end
         vs1 = torch.where(rows_time(done, layout), nv, h1 + v1)

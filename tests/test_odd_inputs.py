@@ -1,0 +1,162 @@
+"""Odd inputs through every functional, both paths: a clear exception or the reference's answer, nothing else.
+
+No input may reach Triton as a compile error, crash, or give a silently wrong answer. Each kind of odd input below
+is pushed through every algorithm of the table (``_algos.TABLE``) and through the TorchRL-compatible functionals;
+the valid kinds are compared with the float64 references, the invalid ones must raise the documented exception
+(docs/errors.md).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from _algos import DISCRETE, PER_ACTION, TABLE, as_tuple, make_rollout, relayout
+from _helpers import BACKENDS, assert_close
+from rl_triton_torchrl import functional as F
+from rl_triton_torchrl import kernels as K
+from rl_triton_torchrl.kernels import InputError
+
+FLOATS = ("reward", "value", "next_value", "log_pi", "log_mu", "log_ratio", "behavior_prob", *PER_ACTION)
+SINGLE_FLOAT = {"discounted", "traces", "sum_after_done", "sum_at_start", "disc_after_done", "disc_at_start"}
+
+
+def _map(x, fn, keys=None):
+    return {k: (fn(k, v) if (keys is None or k in keys) and isinstance(v, torch.Tensor) else v) for k, v in x.items()}
+
+
+def _expanded_outer(x):
+    """Stride 0 along the batch dim: one row seen four times."""
+    return _map(x, lambda k, v: v[:1].expand(4, *v.shape[1:]))
+
+
+# kind -> (shape, time_dim, transform of the rollout, transform of the coefficients)
+VALID = {
+    "T1": ((3, 1, 2), -2, None),
+    "one_element": ((1,), 0, None),
+    "empty_T": ((3, 0, 2), -2, None),
+    "empty_B": ((0, 5, 2), -2, None),
+    "expanded_outer": ((1, 7, 2), -2, _expanded_outer),
+    "transposed": ((3, 9, 2), -2, lambda x: relayout(x, "permuted", -2)),  # stored time-major (dims reversed)
+    "float16": ((3, 9, 2), -2, lambda x: _map(x, lambda k, v: v.half(), FLOATS)),
+    "bfloat16": ((3, 9, 2), -2, lambda x: _map(x, lambda k, v: v.bfloat16(), FLOATS)),
+    "requires_grad": ((3, 9, 2), -2, lambda x: _map(x, lambda k, v: v.clone().requires_grad_(), FLOATS)),
+    "numpy_coefs": ((3, 9, 2), -2, "numpy"),
+    "mixed_dtype_single_float": ((3, 9, 2), -2, lambda x: _map(x, lambda k, v: v.double(), set(FLOATS) - {"reward"})),
+}
+# kind -> (transform of the rollout, exception, message pattern)
+INVALID = {
+    "zero_dim": (lambda x: _map(x, lambda k, v: v.reshape(-1)[0] if k not in PER_ACTION else v.reshape(-1)[:3]),
+                 InputError, "time"),
+    "mixed_dtype": (lambda x: _map(x, lambda k, v: v.double(), set(FLOATS) - {"reward"}), TypeError, "dtype"),
+    "int_flags": (lambda x: _map(x, lambda k, v: v.long(), ("done", "terminated")), TypeError, "must be a bool tensor"),
+    "float_flags": (lambda x: _map(x, lambda k, v: v.float(), ("done", "terminated")), TypeError, "bool"),
+    "list": (lambda x: {**x, "reward": x["reward"].tolist()}, TypeError, "must be a torch.Tensor, got list"),
+    "numpy": (lambda x: {**x, "reward": x["reward"].cpu().numpy()}, TypeError, "must be a torch.Tensor, got ndarray"),
+    "none": (lambda x: {**x, "reward": None}, TypeError, "must be a floating-point torch.Tensor, got None"),
+    "other_device": (lambda x: {**x, "reward": x["reward"].to("meta")}, InputError, "is on meta"),
+    "sparse": (lambda x: {**x, "reward": x["reward"].to_sparse()}, TypeError, "dense"),
+}
+
+
+def _check(algo, x, backend, kw, dtype):
+    call, ref, _ = TABLE[algo]
+    out = as_tuple(call(x, backend=backend, **kw))
+    if x["reward"].numel() == 0:  # nothing to compare (and TD(lambda)'s reference has no final state at T = 0)
+        assert all(o.shape == x["reward"].shape and o.dtype == dtype for o in out), algo
+        return out
+    expected, _ = ref(x, **kw)
+    for i, (o, e) in enumerate(zip(out, as_tuple(expected))):
+        assert o.shape == e.shape and o.dtype == dtype and o.device == x["reward"].device, f"{algo}[{i}]"
+        assert_close(f"{algo}[{i}]", o, e, dtype)
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", list(VALID))
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_valid_odd_input(algo, kind, backend):
+    shape, time_dim, transform = VALID[kind]
+    _, _, coefs = TABLE[algo]
+    x = make_rollout(shape, time_dim, "random", seed=3)
+    kw = {"time_dim": time_dim, **coefs}
+    if transform == "numpy":  # numpy scalars as coefficients, a numpy integer as time_dim
+        kw = {k: (np.float32(v) if isinstance(v, float) else v) for k, v in kw.items()} | {"time_dim": np.int64(-2)}
+    elif transform is not None:
+        x = transform(x)
+    if kind == "mixed_dtype_single_float" and algo not in SINGLE_FLOAT:
+        pytest.skip("reads several float inputs: a mixed dtype raises (test_invalid_odd_input)")
+    out = _check(algo, x, backend, kw, x["reward"].dtype)
+    if kind == "requires_grad":
+        assert all(o.requires_grad for o in out), f"{algo}: an output lost the graph of its inputs"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", list(INVALID))
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_invalid_odd_input(algo, kind, backend):
+    transform, exc, match = INVALID[kind]
+    if kind == "mixed_dtype" and algo in SINGLE_FLOAT:
+        pytest.skip("reads one float input: nothing to mix (test_valid_odd_input)")
+    call, _, coefs = TABLE[algo]
+    if algo in DISCRETE:  # the table's call reads reward.dim() itself: call the kernel with the inputs as they are
+        call = _retrace_discrete(log_form=algo.endswith("_log"))
+    x = transform(make_rollout((3, 9, 2), -2, "random", seed=3))
+    with pytest.raises(exc, match=match):
+        call(x, backend=backend, **coefs)
+
+
+def _retrace_discrete(log_form):
+    def call(x, **kw):
+        mu = {"behavior_log_prob": x["behavior_prob"].log()} if log_form else {"behavior_prob": x["behavior_prob"]}
+        return K.retrace_discrete(x["pi"], x["action"], x["q_values"], x["next_pi"], x["next_q_values"], x["reward"],
+                                  x["done"], x["terminated"], **mu, **kw)
+
+    return call
+
+
+# The TorchRL-compatible functionals: each with the table entry whose reference it must equal.
+GAMMA, LMBDA = TABLE["gae"][2]["gamma"], TABLE["gae"][2]["lmbda"]
+WRAPPERS = {
+    "generalized_advantage_estimate": ("gae", lambda x, **kw: F.generalized_advantage_estimate(
+        GAMMA, LMBDA, x["value"], x["next_value"], x["reward"], x["done"], x["terminated"], **kw)),
+    "vec_generalized_advantage_estimate": ("gae", lambda x, **kw: F.vec_generalized_advantage_estimate(
+        GAMMA, LMBDA, x["value"], x["next_value"], x["reward"], x["done"], x["terminated"], **kw)),
+    "td0_return_estimate": ("td0", lambda x, **kw: F.td0_return_estimate(
+        GAMMA, x["next_value"], x["reward"], x["terminated"], **kw)),
+    "td1_return_estimate": ("td1", lambda x, **kw: F.td1_return_estimate(
+        GAMMA, x["next_value"], x["reward"], x["done"], x["terminated"], **kw)),
+    "td_lambda_return_estimate": ("td_lambda", lambda x, **kw: F.td_lambda_return_estimate(
+        GAMMA, LMBDA, x["next_value"], x["reward"], x["done"], x["terminated"], **kw)),
+    "td_lambda_advantage_estimate": ("td_lambda_adv", lambda x, **kw: F.td_lambda_advantage_estimate(
+        GAMMA, LMBDA, x["value"], x["next_value"], x["reward"], x["done"], x["terminated"], **kw)),
+    "vtrace_advantage_estimate": ("vtrace", lambda x, **kw: F.vtrace_advantage_estimate(
+        GAMMA, x["log_pi"], x["log_mu"], x["value"], x["next_value"], x["reward"], x["done"], x["terminated"],
+        rho_thresh=1.0, c_thresh=0.8, **kw)),
+    "reward2go": ("discounted", lambda x, **kw: F.reward2go(x["reward"], x["done"], GAMMA, **kw)),
+}
+WRAPPER_KINDS = ["T1", "empty_T", "expanded_outer", "transposed", "bfloat16", "zero_dim", "int_flags", "list"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", WRAPPER_KINDS)
+@pytest.mark.parametrize("name", list(WRAPPERS))
+def test_torchrl_functionals_odd_input(name, kind, backend):
+    algo, call = WRAPPERS[name]
+    _, ref, coefs = TABLE[algo]
+    if kind in INVALID:
+        transform, exc, match = INVALID[kind]
+        x = transform(make_rollout((3, 9, 1), -2, "random", seed=4))
+        with pytest.raises(exc, match=match):
+            call(x, backend=backend)
+        return
+    shape, time_dim, transform = VALID[kind]
+    x = make_rollout(shape[:-1] + (1,), time_dim, "random", seed=4)
+    x = transform(x) if transform is not None else x
+    out = as_tuple(call(x, backend=backend))
+    if x["reward"].numel() == 0:
+        assert all(o.shape == x["reward"].shape for o in out), name
+        return
+    expected, _ = ref(x, **coefs)
+    for i, (o, e) in enumerate(zip(out, as_tuple(expected))):
+        assert_close(f"{name}[{i}]", o, e, x["reward"].dtype)
