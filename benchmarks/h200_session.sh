@@ -21,7 +21,7 @@ export PYTHONUNBUFFERED=1
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt"
 if has tests; then
-  timeout 200 python -m pytest tests -q -n 8 -m "not gpu_scale" -p no:cacheprovider > "$R/pytest_cuda.log" 2>&1
+  timeout 260 python -m pytest tests -q -n 8 -m "not gpu_scale" -p no:cacheprovider > "$R/pytest_cuda.log" 2>&1
   tail -2 "$R/pytest_cuda.log"
 fi
 if has scale; then  # > 2^31 elements, 2^22 steps, peak memory (GPU-only tests, one process: they need the memory)
@@ -29,7 +29,7 @@ if has scale; then  # > 2^31 elements, 2^22 steps, peak memory (GPU-only tests, 
   tail -3 "$R/pytest_scale.log"
 fi
 if has hypothesis; then  # the property tests with many more examples, on the GPU kernels
-  HYPOTHESIS_EXAMPLES=${HYPOTHESIS_EXAMPLES:-400} timeout 200 python -m pytest tests/test_properties.py -q -n 8 \
+  HYPOTHESIS_EXAMPLES=${HYPOTHESIS_EXAMPLES:-400} timeout 140 python -m pytest tests/test_properties.py -q -n 8 \
     -p no:cacheprovider > "$R/pytest_hypothesis.log" 2>&1
   tail -2 "$R/pytest_hypothesis.log"
 fi
