@@ -83,6 +83,7 @@ def main():
     parser.add_argument("--modes", default="eager,compile,cudagraph" if DEVICE == "cuda" else "eager",
                         help="comma-separated: eager, compile, cudagraph (CUDA only)")
     parser.add_argument("--out", default="h200" if DEVICE == "cuda" else "cpu")
+    parser.add_argument("--name", default="bench_estimators", help="results file name (without extension)")
     args = parser.parse_args()
     actor, critic = networks()
     rows = []
@@ -97,10 +98,10 @@ def main():
                ("T", "T"), ("status", "check"), ("torchrl_wall_us", "TorchRL µs/call"),
                ("ours_wall_us", "ours µs/call"), ("speedup", "speed-up"), ("torchrl_device_us", "TorchRL device µs"),
                ("ours_device_us", "ours device µs"), ("max_abs_diff", "max |ours - TorchRL eager|")]
-    out = write_results("bench_estimators", environment(), rows, args.out, columns,
+    out = write_results(args.name, environment(), rows, args.out, columns,
                         f"Estimator modules on rollout TensorDicts ({DEVICE})",
                         notes=f"Command: `python benchmarks/bench_estimators.py --B {args.B} --T {args.T} "
-                              f"--modes {args.modes}`\n\nWall time: host time per call, calls back to back, the "
+                              f"--modes {args.modes} --name {args.name}`\n\nWall time: host time per call, calls back to back, the "
                               "device drained once at the end. Device time: median of do_bench with L2 flushed, the "
                               "call captured in a CUDA graph of its own when it can be (else timed as called, "
                               "host gaps included). Every mode's output is checked against TorchRL's eager output "

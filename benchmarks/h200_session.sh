@@ -42,13 +42,17 @@ if has kernels; then
   else
     # every algorithm, the full grid, float32 and bfloat16, with and without truncations; no cell starts after
     # 330 s (those left are recorded as not run); a SIGTERM from timeout still writes the JSON and the report
-    timeout 420 python bench_kernels.py --budget-s 330 --out "$R/h200" > "$R/bench_kernels.log" 2>&1
+    timeout ${KERNELS_TIMEOUT:-420} python bench_kernels.py --budget-s ${KERNELS_BUDGET:-330} --out "$R/h200" > "$R/bench_kernels.log" 2>&1
     tail -2 "$R/bench_kernels.log"
   fi
 fi
 if has estimators; then  # eager, torch.compile and CudaGraphModule calls
-  timeout 300 python bench_estimators.py --B 4096 --T 128 --out "$R/h200" > "$R/bench_estimators.log" 2>&1
+  timeout 120 python bench_estimators.py --B 4096 --T 128 --modes eager,cudagraph --out "$R/h200" \
+    > "$R/bench_estimators.log" 2>&1
   tail -1 "$R/bench_estimators.log"
+  timeout 200 python bench_estimators.py --B 4096 --T 128 --modes compile --name bench_estimators_compile \
+    --out "$R/h200" > "$R/bench_estimators_compile.log" 2>&1
+  tail -1 "$R/bench_estimators_compile.log"
 fi
 if has sb3; then
   timeout 60 python bench_sb3.py --device cuda --out "$R/h200" > "$R/bench_sb3.log" 2>&1; tail -1 "$R/bench_sb3.log"

@@ -43,7 +43,8 @@ def test_bench_kernels_tiny(tmp_path):
     """Every implementation end to end: Triton through its interpreter, both compiled scans (traced by dynamo, run
     by the eager backend to keep this fast), TorchRL; checked, timed, reported with plots."""
     result = _run(["bench_kernels.py", "--algorithms", "gae", "--B", "2", "--T", "3", "--dtypes", "float32",
-                   "--truncation", "with,without", "--compile-backend", "eager", "--out", str(tmp_path)], tmp_path)
+                   "--truncation", "with,without", "--compile-backend", "eager", "--max-call-ms", "1e9",
+                   "--out", str(tmp_path)], tmp_path)
     data = json.loads((tmp_path / "bench_kernels.json").read_text())
     rows = data["rows"]
     impls = {"ours_triton", "ours_torch", "doubling", "assoc_scan", "torchrl_vec", "torchrl_loop"}

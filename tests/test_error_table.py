@@ -171,8 +171,8 @@ CASES = {
     "module-entry-shape": (lambda b: rtt.EligibilityTraces(gamma=0.9, lmbda=0.9)(
         _rollout().set(("next", "done"), _d((2, 5, 3)))), ("auto",)),
     "module-carried-state": (_carried_state_mismatch, ("auto",)),
-    "module-one-hot": (lambda b: rtt.Retrace(gamma=0.9)(_retrace_module_rollout(torch.ones(2, 5, 3, device=DEVICE))),
-                       ("auto",)),
+    "module-one-hot": (lambda b: rtt.Retrace(gamma=0.9)(  # a value check: CPU tensors only
+        _retrace_module_rollout(torch.ones(2, 5, 3, device=DEVICE)).to("cpu")), ("auto",)),
     "module-action-dtype": (lambda b: rtt.Retrace(gamma=0.9)(_retrace_module_rollout(_x((2, 5)))), ("auto",)),
     "module-prefix-keys": (lambda b: rtt.EpisodicPrefixSum(in_keys=["a", "b"], out_keys=["c"]), ("auto",)),
 }
@@ -241,12 +241,15 @@ def test_checks_do_not_synchronise_cuda(algo):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_unchecked_actions_on_cuda(backend):
     """Out-of-range action indices in CUDA tensors are not checked (that would synchronise): the steps that hold
-    one read NaN, so the targets of their episode are NaN; no crash (a CUDA gather would assert), no silent number."""
+    one read NaN for the taken action's Q and probability, so their advantages are NaN and so are the targets of
+    the earlier steps of their episode (which read that Q and trace); no crash (a CUDA gather would assert), no
+    silent number. A step's own target Q_ret never reads its own action's Q."""
     done = _d((2, 5), device="cuda")
     done[:, 2] = True  # steps 0-2 are one episode, 3-4 the next
     q_ret, adv = _discrete(backend, "cuda", action=torch.tensor([[0, 1, 2, 3, -1]] * 2, device="cuda"), done=done)
     torch.cuda.synchronize()
-    assert q_ret[:, 3:].isnan().all() and adv[:, 3:].isnan().all()
+    assert adv[:, 3:].isnan().all() and q_ret[:, 3].isnan().all()
+    assert q_ret[:, 4].isfinite().all()  # r_4 + gamma E_pi Q(s'_4): nothing of the invalid action
     assert q_ret[:, :3].isfinite().all() and adv[:, :3].isfinite().all()
 
 

@@ -75,14 +75,14 @@ def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
             backend = env
         else:
             backend = "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type not in ("cuda", "cpu"):  # e.g. meta tensors: no memory to read
+        raise InputError(f"backend='triton' runs on CUDA tensors (or CPU ones through Triton's interpreter), got "
+                         f"{device} tensors; use backend='torch'")
     if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise InputError(
             f"backend='triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 before importing triton "
             "to run the kernels on the CPU through Triton's interpreter, or use backend='torch'"
         )
-    if backend == "triton" and device.type not in ("cuda", "cpu"):  # e.g. meta tensors: no memory to read
-        raise InputError(f"backend='triton' runs on CUDA tensors (or CPU ones through Triton's interpreter), got "
-                         f"{device} tensors; use backend='torch'")
     if backend == "triton" and (torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in inputs
     ))):

@@ -70,7 +70,7 @@ def _trace(
         b_ratio = tl.exp(b_ratio)
     b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
     b_cb = load_coef(c_bar_ptr, c_bar, o_o, o_i, o_t, s_c_bar_o, s_c_bar_t, s_c_bar_i, m, ACC, C_BAR_TENSOR)
-    return b_l * tl.minimum(b_ratio, b_cb)
+    return b_l * tl.minimum(b_ratio, b_cb, propagate_nan=tl.PropagateNan.ALL)  # a NaN ratio gives a NaN trace
 
 
 @triton.jit

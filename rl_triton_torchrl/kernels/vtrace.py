@@ -71,8 +71,9 @@ def _vtrace_step(
                      m, ACC, RHO_THRESH_TENSOR)
     b_ct = load_coef(c_thresh_ptr, c_thresh, o_o, o_i, o_t, s_c_thresh_o, s_c_thresh_t, s_c_thresh_i, m, ACC,
                      C_THRESH_TENSOR)
-    b_rho = tl.minimum(b_ratio, b_rt)  # [BLOCK_R, BLOCK_T]
-    b_c = tl.minimum(b_ratio, b_ct)  # [BLOCK_R, BLOCK_T]
+    # [BLOCK_R, BLOCK_T]; a NaN ratio clips to NaN, as torch.minimum does (the GPU's min would return the threshold)
+    b_rho = tl.minimum(b_ratio, b_rt, propagate_nan=tl.PropagateNan.ALL)
+    b_c = tl.minimum(b_ratio, b_ct, propagate_nan=tl.PropagateNan.ALL)
     b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
     b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
     b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
