@@ -21,7 +21,7 @@ import triton.language as tl
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,
-    rows_state, rows_time, rows_time_unless, scan_tile, state_out, store_state, store_tile, scan_rows,
+    rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["gae"]
@@ -56,7 +56,7 @@ def _gae_fwd_kernel(
         b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)
         # V' of a terminated step is never read (nor can a NaN there leak)
-        b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m & (b_nterm > 0), ACC)
+        b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC), b_nterm == 0)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
         b_a, b_b = _gae_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_l)

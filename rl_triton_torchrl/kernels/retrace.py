@@ -43,7 +43,7 @@ from ._utils import (
 )
 from .scan import (
     chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag,
-    row_prologue, rows_state, rows_time, rows_time_unless, scan_tile, state_out, store_tile, scan_rows,
+    row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_tile, zero_where,
 )
 
 __all__ = ["retrace", "retrace_discrete"]
@@ -94,20 +94,21 @@ def _retrace_fwd_kernel(
         b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)
         # the expected Q' of a terminated step is never read (nor can a NaN there leak)
-        b_nq = load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m & (b_nterm > 0), ACC)
+        b_nq = zero_where(load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC), b_nterm == 0)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         # c_(t+1): a load one step later; past the window end 1, the carried state being c_T g_T already; not read
         # after a done step (it belongs to the next episode)
         o_t1 = o_t + 1
         m_t1 = o_t1 < T
         b_c1 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1,
-                      m_r[:, None] & m_t1[None, :] & (b_nd > 0),
+                      m_r[:, None] & m_t1[None, :],
                       s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
                       s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
-        b_c1 = tl.where(m_t1[None, :], b_c1, 1.0)  # [BLOCK_R, BLOCK_T]
+        b_c1 = tl.where(m_t1[None, :], zero_where(b_c1, b_nd == 0), 1.0)  # [BLOCK_R, BLOCK_T]
         b_a, b_b = _retrace_coefficients(b_r, b_nq, b_nd, b_nterm, b_g, b_c1)
         # Q(s_(t+1), a_(t+1)), 0 past the window end, and not read where a_t = 0
-        b_q1 = load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m_r[:, None] & m_t1[None, :] & (b_a != 0), ACC)
+        b_q1 = zero_where(load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m_r[:, None] & m_t1[None, :], ACC),
+                          b_a == 0)
         b_qret, b_h = scan_tile(b_a, b_b - b_a * b_q1, b_h, m, True)
         store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m)
         store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m)

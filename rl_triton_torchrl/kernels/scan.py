@@ -141,6 +141,13 @@ def load_state(h0_ptr, o_r, m_r, ACC: tl.constexpr, BLOCK_R: tl.constexpr, HAS_I
 
 
 @triton.jit
+def zero_where(b_x, b_cut):
+    """``b_x`` with zeros where ``b_cut``: values that must not be read, not even as 0 * NaN. A select after a full
+    load, not a masked load, so that the load does not wait for the flag it depends on."""
+    return tl.where(b_cut, 0.0, b_x)
+
+
+@triton.jit
 def edge_column(b_h, REVERSE: tl.constexpr):
     """The column [BLOCK_R] of a tile that is last in scan order: column 0 if REVERSE, else the last one."""
     o_c = tl.arange(0, b_h.shape[1])

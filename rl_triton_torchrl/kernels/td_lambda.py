@@ -26,7 +26,7 @@ import triton.language as tl
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,
-    rows_state, rows_time, rows_time_unless, scan_tile, state_out, store_state, store_tile, scan_rows,
+    rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["td_lambda_return", "td_lambda_advantage", "discounted_return"]
@@ -69,7 +69,7 @@ def _td_lambda_fwd_kernel(
             b_d = tl.where((o_t == T - 1)[None, :], 1.0, b_d)
         if HAS_NEXT_VALUE:
             # V' of a terminated step is never read (nor can a NaN there leak)
-            b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m & (b_term == 0), ACC)
+            b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC), b_term != 0)
         else:
             b_nv = tl.zeros_like(b_r)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)

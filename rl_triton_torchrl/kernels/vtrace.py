@@ -37,7 +37,8 @@ import triton.language as tl
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
     apply_map, chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag,
-    row_prologue, rows_state, rows_time, rows_time_unless, scan_tile, state_out, store_state, store_tile, scan_rows,
+    row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state, store_tile,
+    zero_where,
 )
 
 __all__ = ["vtrace"]
@@ -79,7 +80,7 @@ def _vtrace_step(
     b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
     b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)  # [BLOCK_R, BLOCK_T]
     # V' of a terminated step is never read (nor can a NaN there leak)
-    b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m & (b_nterm > 0), ACC)  # [BLOCK_R, BLOCK_T]
+    b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC), b_nterm == 0)
     b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
     b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
     return b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g
