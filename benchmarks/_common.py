@@ -25,7 +25,8 @@ def environment() -> dict:
         commit = ""
     env = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "commit": commit or os.environ.get("BENCH_COMMIT", "unknown"),
+        # BENCH_COMMIT first: the GPU machine's copy of the tree may carry stale git metadata
+        "commit": os.environ.get("BENCH_COMMIT") or commit or "unknown",
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,

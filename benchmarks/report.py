@@ -59,6 +59,8 @@ def target_short(row, env):
         empty, us = env.get("empty_kernel_us"), row.get("device_us")
         if empty is None:
             return None
+        if row.get("limit_us") is None:
+            return False, "≤2x(limit+launch): not timed"
         bound = 2 * (row["limit_us"] + empty)
         return (us is not None and us <= bound), f"≤2x(limit+launch) {_num(bound)}: {_num(us)} µs"
     return None
