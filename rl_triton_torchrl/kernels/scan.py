@@ -273,9 +273,10 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _torch_apply_map(a, b, h):
-    """``a * h + b``, where a zero ``a`` cuts off ``h`` entirely (as ``apply_map`` in the kernels)."""
-    return torch.where(a == 0, b, torch.addcmul(b, a, h) if isinstance(b, torch.Tensor) else a * h)
+def _torch_apply_map(a, b, h, cut: bool):
+    """``a * h + b``; with ``cut``, a zero ``a`` cuts off ``h`` entirely (as ``apply_map`` in the kernels)."""
+    ah_b = torch.addcmul(b, a, h) if isinstance(b, torch.Tensor) else a * h
+    return torch.where(a == 0, b, ah_b) if cut else ah_b
 
 
 def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None, reverse: bool = False):
@@ -286,6 +287,10 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
     chunks, and one fused update adds each chunk's entering state: about 2C + K small vectorised steps instead of
     T, all out of place so that autograd can differentiate through them.
 
+    A zero ``a_t`` cuts the state off entirely, so a NaN or inf never crosses it (no 0 * NaN). On the CPU the plain
+    products run first and the cutting variant only when some output is not finite (they agree otherwise: every
+    intermediate value reaches an output); elsewhere the cutting variant runs directly (checking would synchronise).
+
     Args:
         a, b: ``[R, T]`` tensors of one floating dtype (broadcastable to each other).
         h0: ``[R]`` state entering the sequence, or None for zero.
@@ -294,6 +299,15 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
     Returns:
         (h ``[R, T]``, final state ``[R]``).
     """
+    if b.device.type != "cpu":
+        return _torch_scan(a, b, h0, reverse, cut=True)
+    h, ht = _torch_scan(a, b, h0, reverse, cut=False)
+    if not (bool(torch.isfinite(h).all()) and bool(torch.isfinite(ht).all())):
+        h, ht = _torch_scan(a, b, h0, reverse, cut=True)
+    return h, ht
+
+
+def _torch_scan(a, b, h0, reverse, cut):
     a, b = torch.broadcast_tensors(a, b)
     R, T = b.shape
     C = max(1, math.isqrt(T // 2))
@@ -309,8 +323,8 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
     h_loc, p_loc = [None] * C, [None] * C
     h_j, p_j = None, None
     for j in order:
-        h_j = b_cols[j] if h_j is None else _torch_apply_map(a_cols[j], b_cols[j], h_j)
-        p_j = a_cols[j] if p_j is None else _torch_apply_map(a_cols[j], 0.0, p_j)
+        h_j = b_cols[j] if h_j is None else _torch_apply_map(a_cols[j], b_cols[j], h_j, cut)
+        p_j = a_cols[j] if p_j is None else _torch_apply_map(a_cols[j], 0.0, p_j, cut)
         h_loc[j], p_loc[j] = h_j, p_j
     # states entering each chunk, carried sequentially across the K chunks in scan order
     enter = [None] * K
@@ -318,8 +332,8 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
     h_last, p_last = h_j.t().unbind(0), p_j.t().unbind(0)  # each chunk's composite: K views [R]
     for k in (range(K - 1, -1, -1) if reverse else range(K)):
         enter[k] = h
-        h = _torch_apply_map(p_last[k], h_last[k], h)
-    out = _torch_apply_map(torch.stack(p_loc), torch.stack(h_loc), torch.stack(enter, -1))  # [C, R, K]
+        h = _torch_apply_map(p_last[k], h_last[k], h, cut)
+    out = _torch_apply_map(torch.stack(p_loc), torch.stack(h_loc), torch.stack(enter, -1), cut)  # [C, R, K]
     return out.permute(1, 2, 0).reshape(R, K * C)[:, :T], h
 
 
