@@ -4,7 +4,7 @@
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
 # STEPS picks steps (default: tests kernels estimators sb3 host ppo; also scale, hypothesis, ddp1, ddp2), run in
-# this order: tests scale hypothesis kernels estimators sb3 host ppo ddp1 ddp2. All of them take about
+# this order: tests kerneltests scale hypothesis sweep kernels estimators sb3 host ppo ddp1 ddp2. All of them take about
 # 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py --plan` estimates it), so
 # with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -24,6 +24,12 @@ if has tests; then
   timeout 260 python -m pytest tests -q -n 8 -m "not gpu_scale" -p no:cacheprovider > "$R/pytest_cuda.log" 2>&1
   tail -2 "$R/pytest_cuda.log"
 fi
+if has kerneltests; then  # the files that test the kernels, the look-back mode's concurrent chunks included
+  timeout ${KTESTS_TIMEOUT:-240} python -m pytest tests/test_lookback.py tests/test_algorithms.py tests/test_vtrace_retrace.py \
+    tests/test_traces_prefix.py tests/test_scan.py tests/test_nonfinite.py tests/test_determinism.py \
+    tests/test_autograd.py -q -n 14 -p no:cacheprovider > "$R/pytest_kernels_cuda.log" 2>&1
+  tail -4 "$R/pytest_kernels_cuda.log"
+fi
 if has scale; then  # > 2^31 elements, 2^22 steps, peak memory (GPU-only tests, one process: they need the memory)
   timeout 150 python -m pytest tests/test_scale.py -m gpu_scale -q -s -p no:cacheprovider > "$R/pytest_scale.log" 2>&1
   tail -3 "$R/pytest_scale.log"
@@ -34,6 +40,11 @@ if has hypothesis; then  # the property tests with many more examples, on the GP
   tail -2 "$R/pytest_hypothesis.log"
 fi
 cd benchmarks
+if has sweep; then  # launch configurations per shape (feeds scan.launch_config)
+  timeout ${SWEEP_TIMEOUT:-330} python sweep_configs.py --preset ${SWEEP_PRESETS:-long,large,short} \
+    --budget-s ${SWEEP_BUDGET:-280} --out "$R/h200" > "$R/sweep_configs.log" 2>&1
+  tail -30 "$R/h200/sweep_configs.md"
+fi
 if has kernels; then
   if [[ "$QUICK" == 1 ]]; then
     timeout 240 python bench_kernels.py --quick --out "$R/h200" --name bench_kernels_quick \

@@ -38,18 +38,19 @@ _gae_coefficients = triton.jit(gae_coefficients)
 
 @triton.jit
 def _gae_fwd_kernel(
-    r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, adv_ptr, vt_ptr, h0_ptr, ht_ptr,
+    r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, adv_ptr, vt_ptr, h0_ptr, ht_ptr, lb_ptr,
     gamma, lmbda, n_rows, inner, T,
     s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i, s_nv_o, s_nv_t, s_nv_i,
     s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
     s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
-                                                     HAS_INITIAL_STATE)
-    for i_c in range(n_chunks):
+    o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+    for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
@@ -60,10 +61,10 @@ def _gae_fwd_kernel(
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
         b_a, b_b = _gae_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_l)
-        b_adv, b_h = scan_tile(b_a, b_b, b_h, m, True)
+        b_adv, b_h = scan_tile(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
         store_tile(vt_ptr, b_adv + b_v, o_o, o_i, o_t, T, inner, m)
-    store_state(ht_ptr, b_h, o_r, m_r, STORE_FINAL_STATE)
+    store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
 def gae(
@@ -141,6 +142,6 @@ def gae(
             inputs={"r": reward, "v": state_value, "nv": next_state_value, "d": done, "term": terminated},
             coefs={"gamma": gamma, "lmbda": lmbda},
             outputs={"adv": adv, "vt": vt},
-            initial_state=initial_state, output_final_state=output_final_state,
+            initial_state=initial_state, output_final_state=output_final_state, finite_a=True,
         )
     return (adv, vt, ht) if output_final_state else (adv, vt)

@@ -51,16 +51,17 @@ _prefix_sum_coefficients = triton.jit(prefix_sum_coefficients)
 
 @triton.jit
 def _prefix_sum_fwd_kernel(
-    x_ptr, f_ptr, discount_ptr, s_ptr, h0_ptr, ht_ptr,
+    x_ptr, f_ptr, discount_ptr, s_ptr, h0_ptr, ht_ptr, lb_ptr,
     discount, n_rows, inner, T,
     s_x_o, s_x_t, s_x_i, s_f_o, s_f_t, s_f_i, s_discount_o, s_discount_t, s_discount_i,
     ACC: tl.constexpr, DISCOUNT_TENSOR: tl.constexpr, AFTER_DONE: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
-                                                     HAS_INITIAL_STATE)
-    for i_c in range(n_chunks):
+    o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+    for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, False)
         b_x = load_tile(x_ptr, o_o, o_i, o_t, s_x_o, s_x_t, s_x_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         if AFTER_DONE:  # the flag of the previous step; none before step 0 (the carried state has it applied)
@@ -70,14 +71,14 @@ def _prefix_sum_fwd_kernel(
         b_g = load_coef(discount_ptr, discount, o_o, o_i, o_t, s_discount_o, s_discount_t, s_discount_i, m, ACC,
                         DISCOUNT_TENSOR)
         b_a, b_b = _prefix_sum_coefficients(b_x, 1.0 - b_f, b_g)
-        b_s, b_h = scan_tile(b_a, b_b, b_h, m, False)
+        b_s, b_h = scan_tile(b_a, b_b, b_h, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         store_tile(s_ptr, b_s, o_o, o_i, o_t, T, inner, m)
     if STORE_FINAL_STATE:
         if AFTER_DONE:  # the last step's flag resets the state carried out
             o_last = tl.zeros([1], dtype=tl.int64) + (T - 1)
             b_f = tl.sum(load_tile(f_ptr, o_o, o_i, o_last, s_f_o, s_f_t, s_f_i, m_r[:, None], ACC), axis=1)
             b_h = tl.where(b_f > 0, 0.0, b_h)  # [BLOCK_R]
-        tl.store(ht_ptr + o_r, b_h, mask=m_r)
+        tl.store(ht_ptr + o_r, b_h, mask=m_r & (c_hi == n_chunks))
 
 
 def check_reset(reset) -> bool:
@@ -152,7 +153,7 @@ def episodic_prefix_sum(
             inputs={"x": x, "f": boundary},
             coefs={"discount": discount},
             outputs={"s": s},
-            initial_state=initial_state, output_final_state=output_final_state,
+            initial_state=initial_state, output_final_state=output_final_state, finite_a=True,
             AFTER_DONE=after_done,
         )
     return (s, ht) if output_final_state else s

@@ -76,18 +76,19 @@ def _trace(
 @triton.jit
 def _retrace_fwd_kernel(
     r_ptr, q_ptr, nq_ptr, ratio_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, c_bar_ptr, qret_ptr, adv_ptr,
-    h0_ptr, ht_ptr,
+    h0_ptr, ht_ptr, lb_ptr,
     gamma, lmbda, c_bar, n_rows, inner, T,
     s_r_o, s_r_t, s_r_i, s_q_o, s_q_t, s_q_i, s_nq_o, s_nq_t, s_nq_i, s_ratio_o, s_ratio_t, s_ratio_i,
     s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
     s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
     LOG_RATIO: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
-                                                     HAS_INITIAL_STATE)
-    for i_c in range(n_chunks):
+    o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+    for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_q = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC)  # [BLOCK_R, BLOCK_T]
@@ -109,7 +110,7 @@ def _retrace_fwd_kernel(
         # Q(s_(t+1), a_(t+1)), 0 past the window end, and not read where a_t = 0
         b_q1 = zero_where(load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m_r[:, None] & m_t1[None, :], ACC),
                           b_a == 0)
-        b_qret, b_h = scan_tile(b_a, b_b - b_a * b_q1, b_h, m, True)
+        b_qret, b_h = scan_tile(b_a, b_b - b_a * b_q1, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m)
         store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m)
     if STORE_FINAL_STATE:  # u_0 = c_0 (Q_ret_0 - Q_0), from column 0 of a first-chunk tile
@@ -119,7 +120,8 @@ def _retrace_fwd_kernel(
                       s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
                       s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
         b_q0 = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m_0, ACC)  # [BLOCK_R, BLOCK_T]
-        tl.store(ht_ptr + o_r, edge_column(b_c0, True) * (b_h - edge_column(b_q0, True)), mask=m_r)
+        tl.store(ht_ptr + o_r, edge_column(b_c0, True) * (b_h - edge_column(b_q0, True)),
+                 mask=m_r & (c_hi == n_chunks))
 
 
 def retrace(

@@ -42,6 +42,15 @@ MAX_BLOCK_T = 1024
 # Elements per program tile (rows * time). 512 was the fastest or within 3% of it at every GAE and discounted-return
 # cell of the H200 sweep (benchmarks/results/h200/sweep_tiles.md): 4-18% faster than 2048.
 TILE_ELEMENTS = 512
+# Decoupled look-back (one program per chunk) for float32 sequences of at least LOOKBACK_MIN_T steps in at most
+# LOOKBACK_MAX_ROWS rows; LOOKBACK_WINDOW predecessors are read at once (0 turns the mode off). A negative window
+# is a testing aid: only every third chunk publishes its leaving state, so that even the interpreter, which runs the
+# programs one after another, walks the look-back over aggregates and across windows.
+LOOKBACK_MIN_T = 8192
+LOOKBACK_MAX_ROWS = 256
+LOOKBACK_BLOCK_T = 2048
+LOOKBACK_WARPS = 8
+LOOKBACK_WINDOW = 32
 # Debugging aid (the tests turn it on): fill every output with NaN before a kernel writes it, so that an element
 # the kernel forgets to write cannot pass as a plausible number.
 POISON_OUTPUTS = False
@@ -52,6 +61,13 @@ def _affine_combine(a_l, b_l, a_r, b_r):
     # `l` comes first in scan order, `r` after it: apply l, then r. A zero a_r (an episode boundary) makes the map
     # constant, so nothing of `l` may pass it, not even a NaN or inf through 0 * NaN.
     return tl.where(a_r == 0, 0.0, a_r * a_l), tl.where(a_r == 0, b_r, a_r * b_l + b_r)
+
+
+@triton.jit
+def _affine_combine_finite_a(a_l, b_l, a_r, b_r):
+    # `_affine_combine` where every a is finite (built from flags and numbers): a zero a_r already gives a_r * a_l = 0,
+    # only b needs the cut
+    return a_r * a_l, tl.where(a_r == 0, b_r, a_r * b_l + b_r)
 
 
 @triton.jit
@@ -79,15 +95,29 @@ def _chunk_time(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
-def row_prologue(h0_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-                 HAS_INITIAL_STATE: tl.constexpr):
-    """Start of every scan kernel: this program's rows, the state entering them, and the number of chunks.
+def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+                 HAS_INITIAL_STATE: tl.constexpr, LOOKBACK: tl.constexpr):
+    """Start of every scan kernel: this program's rows, the state entering them, and its chunks.
 
-    Returns (outer index, inner index, row ids, row mask) [BLOCK_R] int64, the state [BLOCK_R], n_chunks.
+    Returns (outer index, inner index, row ids, row mask) [BLOCK_R] int64, the state [BLOCK_R], n_chunks (per row)
+    and the range ``[c_lo, c_hi)`` of chunks (in scan order) this program walks: all of them, or with ``LOOKBACK``
+    the one chunk of its ticket (see ``chain_state``).
     """
-    o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
+    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+    if LOOKBACK:
+        # tickets in the order programs start: a chunk's predecessors in its row hold smaller tickets, so they are
+        # already running when it waits for them (program ids give no such order)
+        ticket = tl.atomic_add(lb_ptr, 1).to(tl.int64)
+        o_r = ticket // n_chunks + tl.arange(0, BLOCK_R)
+        c_lo = ticket % n_chunks
+        c_hi = c_lo + 1
+        o_o, o_i, m_r = o_r // inner, o_r % inner, o_r < n_rows
+    else:
+        o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
+        c_lo = 0
+        c_hi = n_chunks
     b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)
-    return o_o, o_i, o_r, m_r, b_h, (T + BLOCK_T - 1) // BLOCK_T
+    return o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi
 
 
 @triton.jit
@@ -98,10 +128,10 @@ def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
-def store_state(ht_ptr, b_h, o_r, m_r, STORE_FINAL_STATE: tl.constexpr):
-    """End of every scan kernel: the state leaving the sequence, if asked for."""
+def store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE: tl.constexpr):
+    """End of every scan kernel: the state leaving the sequence, if asked for (by the program of the last chunk)."""
     if STORE_FINAL_STATE:
-        tl.store(ht_ptr + o_r, b_h, mask=m_r)
+        tl.store(ht_ptr + o_r, b_h, mask=m_r & (c_hi == n_chunks))
 
 
 @triton.jit
@@ -159,36 +189,122 @@ def edge_column(b_h, REVERSE: tl.constexpr):
 
 
 @triton.jit
-def scan_tile(b_a, b_b, b_h0, m, REVERSE: tl.constexpr):
+def _pack(b_x, FLAG: tl.constexpr):
+    """A float32 with a nonzero flag in the high half of one int64 word: written and read in one access, a word
+    is either still zero or complete."""
+    return (b_x.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (FLAG << 32)
+
+
+@triton.jit
+def _unpack(w):
+    return (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def chain_state(lb_ptr, row, i_c, n_chunks, b_A, b_B, b_h0, LOOKBACK_WINDOW: tl.constexpr,
+                SPARSE: tl.constexpr):
+    """The state entering chunk ``i_c`` (scan order) of ``row`` when every chunk has its own program
+    (a single-pass scan with decoupled look-back).
+
+    Each chunk publishes its aggregate map (``b_A``, ``b_B``: the composition of its steps) as soon as it has it,
+    and, once it knows the state entering it, the state leaving it (``inclusive``). A chunk then looks back over
+    ``LOOKBACK_WINDOW`` predecessors at once: the nearest one with its leaving state known, composed with the
+    aggregates of the chunks after it, gives the entering state; if a predecessor in the window has published
+    nothing yet, it reads the window again. The first chunk of a row enters with ``b_h0``.
+    Status words (one int64 each, ``_pack``): ``lb_ptr[1 + 3 * slot + k]``, k = 0 (A), 1 (B), 2 (leaving state),
+    slot = row * n_chunks + chunk; ``lb_ptr[0]`` is the ticket counter. ``SPARSE``: only every third chunk
+    publishes its leaving state (a testing aid, see ``LOOKBACK_WINDOW``). Returns the entering state (scalar).
+    """
+    p_slot = lb_ptr + 1 + 3 * (row * n_chunks + i_c)
+    b_enter = b_h0
+    if i_c > 0:
+        tl.store(p_slot, _pack(b_A, 1))
+        tl.store(p_slot + 1, _pack(b_B, 1))
+        o_w = tl.arange(0, LOOKBACK_WINDOW)
+        acc_a = tl.zeros_like(b_A) + 1.0  # the composition of the chunks between the window and this one
+        acc_b = tl.zeros_like(b_B)
+        j_hi = tl.zeros([], tl.int64) + i_c  # the window is the chunks [j_hi - LOOKBACK_WINDOW, j_hi)
+        resolved = tl.zeros([], tl.int32)
+        while resolved == 0:
+            o_j = j_hi - LOOKBACK_WINDOW + o_w  # [LOOKBACK_WINDOW] chunks, ascending in scan order
+            m_j = o_j >= 0
+            p_j = lb_ptr + 1 + 3 * (row * n_chunks + o_j)
+            w_a = tl.load(p_j, mask=m_j, other=0, volatile=True)
+            w_b = tl.load(p_j + 1, mask=m_j, other=0, volatile=True)
+            w_h = tl.load(p_j + 2, mask=m_j, other=0, volatile=True)
+            i_last = tl.max(tl.where(w_h != 0, o_w, -1), axis=0)  # the nearest chunk whose leaving state is known
+            m_after = m_j & (o_w > i_last)
+            n_missing = tl.sum((m_after & ((w_a == 0) | (w_b == 0))).to(tl.int32), axis=0)
+            # ready: every aggregate after it published, and some leaving state found unless the window goes on
+            if (n_missing == 0) & ((i_last >= 0) | (j_hi > LOOKBACK_WINDOW)):
+                b_wa, b_wb = tl.associative_scan((tl.where(m_after, _unpack(w_a), 1.0),
+                                                  tl.where(m_after, _unpack(w_b), 0.0)), 0, _affine_combine)
+                m_end = o_w == LOOKBACK_WINDOW - 1
+                acc_a, acc_b = _affine_combine(tl.sum(tl.where(m_end, b_wa, 0.0), axis=0),
+                                               tl.sum(tl.where(m_end, b_wb, 0.0), axis=0), acc_a, acc_b)
+                if i_last >= 0:
+                    b_known = _unpack(tl.sum(tl.where(o_w == i_last, w_h, 0), axis=0))
+                    b_enter = apply_map(acc_a, acc_b, b_known)
+                    resolved += 1
+                else:
+                    j_hi -= LOOKBACK_WINDOW
+    if (not SPARSE) or (i_c % 3 == 0):
+        tl.store(p_slot + 2, _pack(apply_map(b_A, b_B, b_enter), 2))
+    return b_enter
+
+
+@triton.jit
+def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c, n_chunks,
+                    LOOKBACK: tl.constexpr):
     """Scans one [BLOCK_R, BLOCK_T] tile of coefficients, entering with state b_h0 [BLOCK_R].
 
-    Masked elements act as the identity (a = 1, b = 0), so a partial tile passes the state through.
-    Returns the states h [BLOCK_R, BLOCK_T] and the state leaving the tile [BLOCK_R].
+    Masked elements act as the identity (a = 1, b = 0), so a partial tile passes the state through. ``CUT_A``:
+    some a may be non-finite (else the cheaper combine). With ``LOOKBACK`` (BLOCK_R = 1, one program per chunk)
+    the entering state comes from the chunks before this one (``chain_state``; ``LOOKBACK`` is the window, negative
+    in the testing mode); b_h0 is the row's initial state.
+    Returns the states h [BLOCK_R, BLOCK_T], the state leaving the tile and the state entering it [BLOCK_R].
     """
     b_a = tl.where(m, b_a, 1.0)
     b_b = tl.where(m, b_b, 0.0)
-    b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine, reverse=REVERSE)
+    if CUT_A:
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine, reverse=REVERSE)
+    else:
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine_finite_a, reverse=REVERSE)
+    if LOOKBACK:
+        b_enter = chain_state(lb_ptr, tl.sum(o_r), i_c, n_chunks, tl.sum(edge_column(b_A, REVERSE)),
+                              tl.sum(edge_column(b_B, REVERSE)), tl.sum(b_h0), LOOKBACK if LOOKBACK > 0 else -LOOKBACK,
+                              LOOKBACK < 0)
+        b_h0 = tl.zeros_like(b_h0) + b_enter
     b_h = apply_map(b_A, b_B, b_h0[:, None])
-    return b_h, edge_column(b_h, REVERSE)
+    return b_h, edge_column(b_h, REVERSE), b_h0
+
+
+@triton.jit
+def scan_tile(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c, n_chunks,
+              LOOKBACK: tl.constexpr):
+    """``scan_tile_enter`` without the entering state: (h [BLOCK_R, BLOCK_T], leaving state [BLOCK_R])."""
+    b_h, b_exit, _ = scan_tile_enter(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+    return b_h, b_exit
 
 
 @triton.jit
 def _linear_scan_fwd_kernel(
-    a_ptr, b_ptr, h_ptr, h0_ptr, ht_ptr,
+    a_ptr, b_ptr, h_ptr, h0_ptr, ht_ptr, lb_ptr,
     n_rows, inner, T,
     s_a_o, s_a_t, s_a_i, s_b_o, s_b_t, s_b_i,
     ACC: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
-                                                     HAS_INITIAL_STATE)
-    for i_c in range(n_chunks):
+    o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+    for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, REVERSE)
         b_a = load_tile(a_ptr, o_o, o_i, o_t, s_a_o, s_a_t, s_a_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_b = load_tile(b_ptr, o_o, o_i, o_t, s_b_o, s_b_t, s_b_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_h_all, b_h = scan_tile(b_a, b_b, b_h, m, REVERSE)
+        b_h_all, b_h = scan_tile(b_a, b_b, b_h, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         store_tile(h_ptr, b_h_all, o_o, o_i, o_t, T, inner, m)
-    store_state(ht_ptr, b_h, o_r, m_r, STORE_FINAL_STATE)
+    store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
 def _pow2(n: int) -> int:
@@ -196,7 +312,19 @@ def _pow2(n: int) -> int:
 
 
 def launch_config(layout: Layout) -> dict:
-    """Tile sizes and grid for a launch over ``layout``: whole T in one tile up to ``MAX_BLOCK_T``."""
+    """Tile sizes, grid and mode of a launch over ``layout``.
+
+    One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps; or, for long
+    float32 sequences in too few rows to fill the GPU that way, one program per ``LOOKBACK_BLOCK_T``-step chunk
+    with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back window). The look-back
+    composes a chunk's entering state from whichever predecessors have published, so its rounding may differ in
+    the last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the per-row kernels run.
+    """
+    if (layout.acc_dtype == torch.float32 and layout.T >= LOOKBACK_MIN_T and layout.rows <= LOOKBACK_MAX_ROWS
+            and LOOKBACK_WINDOW and not torch.are_deterministic_algorithms_enabled()):
+        block_t = LOOKBACK_BLOCK_T
+        return {"grid": (layout.rows * triton.cdiv(layout.T, block_t),), "BLOCK_R": 1, "BLOCK_T": block_t,
+                "num_warps": LOOKBACK_WARPS, "NUM_STAGES": 1, "LOOKBACK": LOOKBACK_WINDOW}
     block_t = min(max(_pow2(layout.T), 2), MAX_BLOCK_T)
     block_r = max(1, min(_pow2(layout.rows), max(1, TILE_ELEMENTS // block_t)))
     return {
@@ -204,6 +332,8 @@ def launch_config(layout: Layout) -> dict:
         "BLOCK_R": block_r,
         "BLOCK_T": block_t,
         "num_warps": 4,
+        "NUM_STAGES": 1,
+        "LOOKBACK": 0,
     }
 
 
@@ -229,14 +359,16 @@ def state_buffers(layout: Layout, initial_state, output_final_state: bool):
 
 
 def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict | None = None,
-           initial_state=None, output_final_state: bool = False, **constexprs):
+           initial_state=None, output_final_state: bool = False, finite_a: bool = False, **constexprs):
     """Launches an algorithm kernel over ``layout``; returns the final-state buffer (or None).
 
     Kernel parameters follow one naming scheme, so every algorithm shares this launcher:
     ``{x}_ptr, s_{x}_o, s_{x}_t, s_{x}_i`` for an input ``x`` (any strides); ``{y}_ptr`` for an output (contiguous);
     ``{c}, {c}_ptr, s_{c}_o, s_{c}_t, s_{c}_i`` and constexpr ``{C}_TENSOR`` for a coefficient given as a number or
     a broadcastable tensor; ``h0_ptr, ht_ptr, HAS_INITIAL_STATE, STORE_FINAL_STATE`` for the states;
-    ``n_rows, inner, T, ACC, BLOCK_R, BLOCK_T``.
+    ``lb_ptr, LOOKBACK`` for the look-back status words; ``n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, NUM_STAGES``.
+    ``finite_a``: the kernel's a_t are finite whenever its coefficients are numbers (built from flags and them),
+    so that the scan may skip cutting a (``CUT_A``).
     """
     kwargs = {}
     for name, x in inputs.items():
@@ -259,11 +391,16 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     for name, y in outputs.items():
         kwargs[f"{name}_ptr"] = y
     h0, ht = state_buffers(layout, initial_state, output_final_state)
-    cfg = launch_config(layout)
-    kernel[cfg["grid"]](
-        **kwargs, h0_ptr=h0, ht_ptr=ht, HAS_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=output_final_state,
-        n_rows=layout.rows, inner=layout.inner, T=layout.T, ACC=triton_dtype(layout.acc_dtype),
-        BLOCK_R=cfg["BLOCK_R"], BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"], **constexprs,
+    cfg = dict(launch_config(layout))
+    grid, num_warps = cfg.pop("grid"), cfg.pop("num_warps")
+    lb = None
+    if cfg["LOOKBACK"]:  # the ticket counter and three status words per chunk, all zero
+        lb = torch.zeros(1 + 3 * grid[0], dtype=torch.int64, device=layout.device)
+    kernel[grid](
+        **kwargs, h0_ptr=h0, ht_ptr=ht, lb_ptr=lb, HAS_INITIAL_STATE=h0 is not None,
+        STORE_FINAL_STATE=output_final_state, n_rows=layout.rows, inner=layout.inner, T=layout.T,
+        ACC=triton_dtype(layout.acc_dtype), num_warps=num_warps,
+        CUT_A=not (finite_a and all(kwargs[f"{c}_ptr"] is None for c in coefs or {})), **cfg, **constexprs,
     )
     return None if ht is None else ht.reshape(layout.state_shape)
 

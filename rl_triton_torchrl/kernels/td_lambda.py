@@ -43,7 +43,7 @@ _td_lambda_coefficients = triton.jit(td_lambda_coefficients)
 
 @triton.jit
 def _td_lambda_fwd_kernel(
-    r_ptr, nv_ptr, v_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, out_ptr, h0_ptr, ht_ptr,
+    r_ptr, nv_ptr, v_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, out_ptr, h0_ptr, ht_ptr, lb_ptr,
     gamma, lmbda, n_rows, inner, T,
     s_r_o, s_r_t, s_r_i, s_nv_o, s_nv_t, s_nv_i, s_v_o, s_v_t, s_v_i,
     s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
@@ -51,11 +51,12 @@ def _td_lambda_fwd_kernel(
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
     HAS_NEXT_VALUE: tl.constexpr, HAS_VALUE: tl.constexpr, HAS_DONE: tl.constexpr, DONE_OR_TERMINATED: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
-                                                     HAS_INITIAL_STATE)
-    for i_c in range(n_chunks):
+    o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+    for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_term = load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)  # [BLOCK_R, BLOCK_T]
@@ -75,11 +76,11 @@ def _td_lambda_fwd_kernel(
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
         b_a, b_b = _td_lambda_coefficients(b_r, b_nv, 1.0 - b_d, 1.0 - b_term, b_g, b_l)
-        b_ret, b_h = scan_tile(b_a, b_b, b_h, m, True)
+        b_ret, b_h = scan_tile(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         if HAS_VALUE:
             b_ret -= load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)
         store_tile(out_ptr, b_ret, o_o, o_i, o_t, T, inner, m)
-    store_state(ht_ptr, b_h, o_r, m_r, STORE_FINAL_STATE)
+    store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
 def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma, lmbda, time_dim, initial_state,
@@ -124,7 +125,7 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
             inputs={k: (reward if x is None else x) for k, x in inputs.items()},  # absent ones are never read
             coefs={"gamma": gamma, "lmbda": lmbda},
             outputs={"out": out},
-            initial_state=initial_state, output_final_state=output_final_state,
+            initial_state=initial_state, output_final_state=output_final_state, finite_a=True,
             HAS_NEXT_VALUE=next_state_value is not None, HAS_VALUE=state_value is not None, HAS_DONE=has_done,
             DONE_OR_TERMINATED=done_or_terminated,
         )

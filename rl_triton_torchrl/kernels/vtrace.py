@@ -17,9 +17,9 @@ a reverse scan with :math:`a_t = \gamma_t (1 - \mathrm{done}_t) c_t` and :math:`
     v_{s_{t+1}} = \begin{cases} V'_t & \mathrm{done}_t \\ h_{t+1} + V_{t+1} & t < T - 1 \\
                                 h_T + V'_{T-1} & t = T - 1, \end{cases}
 
-so the advantage needs the state one step later in scan order (an exclusive scan): the kernel scans the
-coefficients loaded one step shifted, so that each column receives :math:`h_{t+1}` (the last column of a chunk the
-state carried in from the chunk after it), and forms :math:`h_t = a_t h_{t+1} + b_t` elementwise.
+so the advantage needs the state one step later in scan order (an exclusive scan): the kernel scans a tile
+once and reads :math:`h_{t+1}` from the next column (past the last column: the state entering the tile from the
+chunk after it).
 
 :math:`V'_t` (``next_state_value``) is the value of the observation reached by step t, so a truncation bootstraps
 from it, a termination does not, and a done step never reads the next episode. The carried state
@@ -36,8 +36,8 @@ import triton.language as tl
 
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
-    apply_map, chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag,
-    row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state, store_tile,
+    chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue, rows_state,
+    rows_time, rows_time_unless, scan_rows, scan_tile_enter, state_out, store_state, store_tile,
     zero_where,
 )
 
@@ -89,7 +89,7 @@ def _vtrace_step(
 @triton.jit
 def _vtrace_fwd_kernel(
     lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
-    adv_ptr, vs_ptr, h0_ptr, ht_ptr,
+    adv_ptr, vs_ptr, h0_ptr, ht_ptr, lb_ptr,
     gamma, rho_thresh, c_thresh, n_rows, inner, T,
     s_lpi_o, s_lpi_t, s_lpi_i, s_lmu_o, s_lmu_t, s_lmu_i, s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i,
     s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
@@ -97,26 +97,13 @@ def _vtrace_fwd_kernel(
     s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, RHO_THRESH_TENSOR: tl.constexpr, C_THRESH_TENSOR: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    o_o, o_i, o_r, m_r, b_h, n_chunks = row_prologue(h0_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T,
-                                                     HAS_INITIAL_STATE)
-    for i_c in range(n_chunks):
+    o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+    for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
-        # step t + 1 inside this chunk; the last column (and t = T - 1) gets the identity, hence the carried state
-        o_t1 = o_t + 1
-        m_t1 = o_t1 < T
-        m_1 = m_r[:, None] & (m_t1 & (tl.arange(0, BLOCK_T) < BLOCK_T - 1))[None, :]
-        b_a1, b_b1, _, _, _, _, _, _, _ = _vtrace_step(
-            lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
-            gamma, rho_thresh, c_thresh, o_o, o_i, o_t1, m_1,
-            s_lpi_o, s_lpi_t, s_lpi_i, s_lmu_o, s_lmu_t, s_lmu_i, s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i,
-            s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
-            s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
-            s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
-            ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR,
-        )
-        b_h1, _ = scan_tile(b_a1, b_b1, b_h, m_1, True)  # [BLOCK_R, BLOCK_T] h_(t+1)
         b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g = _vtrace_step(
             lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
             gamma, rho_thresh, c_thresh, o_o, o_i, o_t, m,
@@ -126,16 +113,23 @@ def _vtrace_fwd_kernel(
             s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
             ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR,
         )
-        b_hc = apply_map(b_a, b_b, b_h1)  # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t
+        # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t, and the state entering the tile (h of the step after its last column)
+        b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+        # h_(t+1): the next column (masked columns past T hold the entering state), past the last one the entering
+        # state
+        o_c = tl.arange(0, BLOCK_T)
+        b_h1 = tl.gather(b_hc, tl.broadcast_to(tl.minimum(o_c + 1, BLOCK_T - 1)[None, :], (BLOCK_R, BLOCK_T)), 1)
+        b_h1 = tl.where((o_c == BLOCK_T - 1)[None, :], b_enter[:, None], b_h1)  # [BLOCK_R, BLOCK_T]
         # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone
+        o_t1 = o_t + 1
+        m_t1 = o_t1 < T
         b_v1 = load_tile(v_ptr, o_o, o_i, o_t1, s_v_o, s_v_t, s_v_i, m_r[:, None] & m_t1[None, :], ACC)
         b_v1 = tl.where(m_t1[None, :], b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         b_vs1 = tl.where(b_nd > 0.0, b_h1 + b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
         store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
         store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m)
-        b_h = edge_column(b_hc, True)  # [BLOCK_R] h at the chunk's first step
-    store_state(ht_ptr, b_h, o_r, m_r, STORE_FINAL_STATE)
+    store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
 def vtrace(

@@ -1,0 +1,172 @@
+"""Launch-configuration sweep of our fused kernels: which tile shape, warp count, loop pipelining and mode (tiles of
+rows, or one program per chunk with look-back) is fastest per shape. Feeds ``scan.launch_config``.
+
+    python benchmarks/sweep_configs.py [--preset large,short,long] [--algorithms gae,vtrace] [--budget-s 240]
+
+Every configuration is checked against the float64 torch path before it is timed (device time: do_bench median of
+a replayed CUDA graph, L2 flushed); a wrong one is reported as wrong. Writes ``results/<out>/<name>.json`` and a
+markdown table with each cell's best configuration and the current default's time.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+import triton
+
+from _common import copy_bandwidth, device_time_us, environment, wall_time_us, write_results
+from bench_kernels import ALGOS, _tuple, check, rollout
+from rl_triton_torchrl.kernels import scan
+
+
+def rows_cfg(block_t, block_r, warps, stages=1):
+    return {"mode": "tiles", "BLOCK_T": block_t, "BLOCK_R": block_r, "num_warps": warps, "NUM_STAGES": stages}
+
+
+def lookback_cfg(block_t, warps, window=32):
+    return {"mode": "look-back", "BLOCK_T": block_t, "BLOCK_R": 1, "num_warps": warps, "NUM_STAGES": 1,
+            "LOOKBACK": window}
+
+
+def _tiles_candidates(T):
+    """The current default's shape, whole-T tiles of other sizes, and narrow time tiles (a few steps per thread,
+    many rows per program: the scan stays inside each thread) with and without loop pipelining."""
+    bt = min(1 << max(1, (T - 1).bit_length()), 1024)
+    out = [rows_cfg(bt, max(1, 1024 // bt), 4), rows_cfg(bt, max(1, 2048 // bt), 8)]
+    for narrow in (4, 8, 16):
+        if narrow < T:
+            out += [rows_cfg(narrow, 128, 4), rows_cfg(narrow, 128, 4, 2), rows_cfg(narrow, 256, 8)]
+    return out
+
+
+PRESETS = {
+    # large rollouts (the >= 90% target) and the massively parallel regime
+    "large": ([(65536, 2048), (16384, 2048), (65536, 128), (4096, 128), (4096, 32)], _tiles_candidates),
+    # short horizons with many environments
+    "short": ([(65536, 8), (16384, 8), (65536, 16)], _tiles_candidates),
+    # long sequences in few rows: look-back chunk sizes and warps against the per-row kernel
+    "long": ([(16, 1 << 20), (1, 1 << 20), (16, 1 << 16), (256, 1 << 16), (1024, 8192)],
+             lambda T: [rows_cfg(1024, 1, 4)] + [lookback_cfg(bt, w) for bt, w in (
+                 (1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16))]),
+}
+
+
+def _patched(cfg):
+    def launch_config(layout):
+        c = {k: v for k, v in cfg.items() if k != "mode"}
+        c.setdefault("LOOKBACK", 0)
+        if c["LOOKBACK"]:
+            c["grid"] = (layout.rows * triton.cdiv(layout.T, c["BLOCK_T"]),)
+        else:
+            c["grid"] = (triton.cdiv(layout.rows, c["BLOCK_R"]),)
+        return c
+    return launch_config
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="long,large,short")
+    parser.add_argument("--algorithms", default="gae,vtrace,discounted_return")
+    parser.add_argument("--budget-s", type=float, default=240.0)
+    parser.add_argument("--name", default="sweep_configs")
+    parser.add_argument("--out", default="h200")
+    parser.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), tiny shapes: tests the script")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    env = environment()
+    timer = device_time_us
+    if args.smoke:
+        for k, (shapes, cands) in list(PRESETS.items()):
+            PRESETS[k] = ([(3, 40)], lambda T, c=cands: c(T)[:3])
+        timer = lambda fn, **kw: (wall_time_us(fn, 2), "wall")  # noqa: E731
+        env["copy_bandwidth_GBps"] = 1.0
+    else:
+        env["copy_bandwidth_GBps"] = round(copy_bandwidth() / 1e9, 1)
+    env["command"] = "python benchmarks/sweep_configs.py " + " ".join(sys.argv[1:])
+    bw = env["copy_bandwidth_GBps"] * 1e9
+    rows, default = [], scan.launch_config
+    for preset in args.preset.split(","):
+        shapes, candidates = PRESETS[preset]
+        for B, T in shapes:
+            for algo in args.algorithms.split(","):
+                if time.perf_counter() - start > args.budget_s:
+                    rows.append({"preset": preset, "algorithm": algo, "B": B, "T": T, "status": "not run (budget)"})
+                    continue
+                spec = ALGOS[algo]
+                x = rollout(B, T, torch.float32, "with")
+                x64 = {k: (v.double() if v is not None and v.is_floating_point() else v) for k, v in x.items()}
+                refs = _tuple(spec.call(x64, "torch"))
+                del x64
+                limit_us = 1e6 * B * T * spec.bytes_per_element(4, "with") / bw
+                cell = []
+                for cfg in [None] + candidates(T):
+                    scan.launch_config = default if cfg is None else _patched(cfg)
+                    row = {"preset": preset, "algorithm": algo, "B": B, "T": T, "limit_us": limit_us,
+                           "config": "default" if cfg is None else cfg}
+                    try:
+                        if cfg is None:
+                            c = default(_layout_of(x["r"]))
+                            row["default_config"] = {k: v for k, v in c.items() if k != "grid"}
+                        err = check(spec.call(x, "triton"), refs, torch.float32)
+                        if err < 0:
+                            row["status"] = f"wrong (err {-err:.1e})"
+                        else:
+                            row["device_us"], _ = timer(lambda: spec.call(x, "triton"), warmup_ms=5, rep_ms=20)
+                            row["bw_fraction"] = limit_us / row["device_us"]
+                            row["status"] = "ok"
+                    except Exception as e:  # a configuration the compiler rejects (e.g. out of shared memory)
+                        row["status"] = f"error: {type(e).__name__}: {str(e)[:120]}"
+                    finally:
+                        scan.launch_config = default
+                    cell.append(row)
+                    print({k: v for k, v in row.items() if k not in ("preset",)}, flush=True)
+                timed = [r for r in cell if r.get("device_us")]
+                if timed:
+                    best = min(timed, key=lambda r: r["device_us"])
+                    best["best"] = True
+                rows += cell
+                del x, refs
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+    summary = []
+    for r in rows:
+        if r.get("best"):
+            d = next((q for q in rows if q["algorithm"] == r["algorithm"] and q["B"] == r["B"] and q["T"] == r["T"]
+                      and q["preset"] == r["preset"] and q.get("config") == "default"), {})
+            best_name = (_name(r["default_config"]) + " (default)" if r["config"] == "default" else _name(r["config"]))
+            summary.append({"algorithm": r["algorithm"], "B": r["B"], "T": r["T"], "best": best_name,
+                            "best_us": r["device_us"], "best_bw": f"{100 * r['bw_fraction']:.0f}%",
+                            "default": _name(d.get("default_config")), "default_us": d.get("device_us"),
+                            "default_bw": f"{100 * d['bw_fraction']:.0f}%" if d.get("bw_fraction") else "-"})
+    env["total_s"] = round(time.perf_counter() - start, 1)
+    write_results(args.name, env, summary, args.out,
+                  [("algorithm", "algorithm"), ("B", "B"), ("T", "T"), ("best", "best configuration"),
+                   ("best_us", "best µs"), ("best_bw", "% copy bw"), ("default", "default configuration"),
+                   ("default_us", "default µs"), ("default_bw", "% copy bw")],
+                  "Launch-configuration sweep", notes="Every configuration: `" + args.name + ".json` (rows).")
+    # the full rows next to the summary
+    import json
+    from _common import RESULTS
+    path = RESULTS / args.out / f"{args.name}.json"
+    data = json.loads(path.read_text())
+    data["all"] = rows
+    path.write_text(json.dumps(data, indent=1, default=str))
+
+
+def _layout_of(x):
+    from rl_triton_torchrl.kernels._utils import check_inputs
+    return check_inputs(-2, {"x": x}, {})
+
+
+def _name(cfg) -> str:
+    if not isinstance(cfg, dict):
+        return "-"
+    mode = "look-back" if cfg.get("LOOKBACK") else "tiles"
+    s = f"{mode} {cfg.get('BLOCK_R')}x{cfg.get('BLOCK_T')} w{cfg.get('num_warps')}"
+    return s + (f" s{cfg['NUM_STAGES']}" if cfg.get("NUM_STAGES", 1) > 1 else "")
+
+
+if __name__ == "__main__":
+    main()
