@@ -25,7 +25,7 @@ if has tests; then
   tail -2 "$R/pytest_cuda.log"
 fi
 if has kerneltests; then  # the files that test the kernels, the look-back mode's concurrent chunks included
-  timeout ${KTESTS_TIMEOUT:-240} python -m pytest tests/test_lookback.py tests/test_algorithms.py tests/test_vtrace_retrace.py \
+  timeout ${KTESTS_TIMEOUT:-240} python -m pytest tests/test_launch_modes.py tests/test_algorithms.py tests/test_vtrace_retrace.py \
     tests/test_traces_prefix.py tests/test_scan.py tests/test_nonfinite.py tests/test_determinism.py \
     tests/test_autograd.py -q -n 14 -p no:cacheprovider > "$R/pytest_kernels_cuda.log" 2>&1
   tail -4 "$R/pytest_kernels_cuda.log"
@@ -53,7 +53,8 @@ if has kernels; then
   else
     # every algorithm, the full grid, float32 and bfloat16, with and without truncations; no cell starts after
     # 330 s (those left are recorded as not run); a SIGTERM from timeout still writes the JSON and the report
-    timeout ${KERNELS_TIMEOUT:-420} python bench_kernels.py --budget-s ${KERNELS_BUDGET:-330} --out "$R/h200" > "$R/bench_kernels.log" 2>&1
+    timeout ${KERNELS_TIMEOUT:-420} python bench_kernels.py --budget-s ${KERNELS_BUDGET:-330} ${KERNELS_ARGS:-} --out "$R/h200" \
+      > "$R/bench_kernels.log" 2>&1
     tail -2 "$R/bench_kernels.log"
   fi
 fi

@@ -46,11 +46,16 @@ TILE_ELEMENTS = 512
 # LOOKBACK_MAX_ROWS rows; LOOKBACK_WINDOW predecessors are read at once (0 turns the mode off). A negative window
 # is a testing aid: only every third chunk publishes its leaving state, so that even the interpreter, which runs the
 # programs one after another, walks the look-back over aggregates and across windows.
-LOOKBACK_MIN_T = 8192
-LOOKBACK_MAX_ROWS = 256
+# The sizes are the H200 sweep's (benchmarks/results/h200/sweep_configs.md): 2048-step chunks on 4 warps were the
+# fastest or within 7% at every long shape; the per-row kernels stay faster from about 1024 rows of 8192 steps.
+LOOKBACK_MIN_T = 4096
+LOOKBACK_MAX_ROWS = 512
 LOOKBACK_BLOCK_T = 2048
-LOOKBACK_WARPS = 8
+LOOKBACK_WARPS = 4
 LOOKBACK_WINDOW = 32
+# Sequences of 5-8 steps: tiles of 4 steps (two per sequence) in 256 rows on 8 warps were 1.1-1.5x faster than whole
+# 8-step tiles at 16384-65536 rows in the same sweep.
+SHORT_T, SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS = 8, 4, 256, 8
 # Debugging aid (the tests turn it on): fill every output with NaN before a kernel writes it, so that an element
 # the kernel forgets to write cannot pass as a plausible number.
 POISON_OUTPUTS = False
@@ -327,11 +332,14 @@ def launch_config(layout: Layout) -> dict:
                 "num_warps": LOOKBACK_WARPS, "NUM_STAGES": 1, "LOOKBACK": LOOKBACK_WINDOW}
     block_t = min(max(_pow2(layout.T), 2), MAX_BLOCK_T)
     block_r = max(1, min(_pow2(layout.rows), max(1, TILE_ELEMENTS // block_t)))
+    num_warps = 4
+    if SHORT_BLOCK_T < layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
+        block_t, block_r, num_warps = SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS
     return {
         "grid": (triton.cdiv(layout.rows, block_r),),
         "BLOCK_R": block_r,
         "BLOCK_T": block_t,
-        "num_warps": 4,
+        "num_warps": num_warps,
         "NUM_STAGES": 1,
         "LOOKBACK": 0,
     }

@@ -1,9 +1,10 @@
-"""The single-pass mode of the fused kernels: one program per chunk, the state entering a chunk found by a decoupled
-look-back over its predecessors (``scan.chain_state``), for long sequences in few rows.
+"""The launch modes beyond whole-sequence tiles, against the float64 references.
 
-On the CPU (Triton's interpreter) the programs run one after another, so tiny chunks and windows are forced and the
-testing window (negative: only every third chunk publishes its leaving state) makes the look-back compose
-aggregates across several windows. On a GPU the chunks of a row run concurrently, at the default sizes.
+The single-pass mode for long sequences in few rows: one program per chunk, the state entering a chunk found by a
+decoupled look-back over its predecessors (``scan.chain_state``). On the CPU (Triton's interpreter) the programs run
+one after another, so tiny chunks and windows are forced and the testing window (negative: only every third chunk
+publishes its leaving state) makes the look-back compose aggregates across several windows. On a GPU the chunks of
+a row run concurrently, at the default sizes. And the narrow tiles of short sequences in many rows.
 """
 from __future__ import annotations
 
@@ -92,3 +93,12 @@ def test_lookback_concurrent_chunks(algo, block_t, monkeypatch):
     monkeypatch.setattr(scan, "LOOKBACK_BLOCK_T", block_t)
     assert scan.launch_config(_layout((3, 70_000, 1)))["LOOKBACK"] > 0
     _compare(algo, (3, 70_000, 1), "random", seed=5, with_state=True)
+
+
+@pytest.mark.parametrize("shape", [(300, 7, 1), (256, 8, 1)], ids=["B300-T7", "B256-T8"])
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_short_sequence_tiles(algo, shape):
+    """Sequences of 5-8 steps in many rows run in tiles of 4 steps (two per sequence): the carry between them."""
+    cfg = scan.launch_config(_layout(shape))
+    assert (cfg["BLOCK_T"], cfg["BLOCK_R"], cfg["LOOKBACK"]) == (scan.SHORT_BLOCK_T, scan.SHORT_BLOCK_R, 0)
+    _compare(algo, shape, "random", seed=3, with_state=True)
