@@ -9,6 +9,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -20,6 +21,10 @@ __all__ = [
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BACKENDS = ("auto", "triton", "torch")
 BACKEND_ENV = "RL_TRITON_TORCHRL_BACKEND"
+# Layouts already built, by (shape, time_dim, dtype, device): a call reuses its shape's layout and the values cached
+# on it. Cleared when full (a workload of ever-changing shapes only rebuilds them).
+_LAYOUTS: dict = {}
+_MAX_LAYOUTS = 256
 
 
 class InputError(ValueError, RuntimeError):
@@ -56,6 +61,35 @@ class Layout:
     def empty(self) -> bool:
         return self.outer * self.T * self.inner == 0
 
+    @cached_property
+    def contiguous_strides(self) -> tuple[int, int, int]:
+        """``rows_strides`` of a contiguous, non-empty tensor of this shape: (outer, T, inner) strides, 0 for a
+        dimension of size one (a merged dimension whose sizes are all one has no stride that matters)."""
+        return (self.T * self.inner if self.outer > 1 else 0, self.inner if self.T > 1 else 0,
+                1 if self.inner > 1 else 0)
+
+
+def _layout(shape: torch.Size, time_dim: int, dtype: torch.dtype, device: torch.device) -> Layout:
+    """The ``Layout`` of inputs of ``shape`` (``time_dim`` non-negative), cached outside torch.compile tracing."""
+    key = (shape, time_dim, dtype, device)
+    layout = None if torch.compiler.is_compiling() else _LAYOUTS.get(key)
+    if layout is None:
+        layout = Layout(
+            shape=shape,
+            time_dim=time_dim,
+            outer=math.prod(shape[:time_dim]),
+            T=shape[time_dim],
+            inner=math.prod(shape[time_dim + 1 :]),
+            dtype=dtype,
+            acc_dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+            device=device,
+        )
+        if not torch.compiler.is_compiling():
+            if len(_LAYOUTS) >= _MAX_LAYOUTS:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = layout
+    return layout
+
 
 def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
     """The path that runs: ``"triton"`` (fused kernel), ``"triton_scan"`` or ``"torch"``.
@@ -67,6 +101,7 @@ def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
     """
     if backend not in BACKENDS:
         raise InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    kind = device.type
     if backend == "auto":
         env = os.environ.get(BACKEND_ENV, "").strip().lower()
         if env and env != "auto":
@@ -74,19 +109,21 @@ def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
                 raise InputError(f"${BACKEND_ENV} must be one of {BACKENDS}, got {env!r}")
             backend = env
         else:
-            backend = "triton" if device.type == "cuda" else "torch"
-    if backend == "triton" and device.type not in ("cuda", "cpu"):  # e.g. meta tensors: no memory to read
+            backend = "triton" if kind == "cuda" else "torch"
+    if backend != "triton":
+        return backend
+    if kind not in ("cuda", "cpu"):  # e.g. meta tensors: no memory to read
         raise InputError(f"backend='triton' runs on CUDA tensors (or CPU ones through Triton's interpreter), got "
                          f"{device} tensors; use backend='torch'")
-    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise InputError(
             f"backend='triton' needs CUDA tensors (got {device}); set TRITON_INTERPRET=1 before importing triton "
             "to run the kernels on the CPU through Triton's interpreter, or use backend='torch'"
         )
-    if backend == "triton" and (torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in inputs
-    ))):
-        backend = "triton_scan"
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+        [x.requires_grad for x in inputs if isinstance(x, torch.Tensor)]
+    )):
+        return "triton_scan"
     return backend
 
 
@@ -96,40 +133,50 @@ def check_coef(name: str, value, layout: Layout, *, low: float = 0.0, high: floa
     Python numbers and CPU tensors are range-checked; CUDA tensors are not (that would synchronise the device), nor
     are tensors while torch.compile traces (the values are not known then).
     """
+    if type(value) is float:  # the common case first, without the type dispatch below
+        return _check_number(name, value, low, high)
     if isinstance(value, torch.Tensor):
-        if not value.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor or a float, got a {value.dtype} tensor")
-        if value.layout != torch.strided:
-            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
-        if value.device != layout.device and not (value.numel() == 1 and value.device.type == "cpu"):
-            raise InputError(f"{name} is on {value.device} but the inputs are on {layout.device} (a one-element "
-                             "coefficient may also be a CPU tensor)")
-        try:
-            ok = torch.broadcast_shapes(value.shape, layout.shape) == layout.shape
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise InputError(f"{name} has shape {tuple(value.shape)}, which does not broadcast to the inputs' "
-                             f"shape {tuple(layout.shape)}")
-        if torch.compiler.is_compiling():  # reading values would break the graph: checked in eager calls only
-            return value
-        if value.device.type == "cpu" and value.numel() == 1:  # the common case (an estimator's buffer): no tensor ops
-            v = value.item()
-            if not math.isfinite(v) or v < low or (high is not None and v > high):
-                raise InputError(f"{name} must {_range(low, high)}, got a value of {v}")
-        elif value.device.type == "cpu" and value.numel():
-            v = value.detach().double()
-            bad = ~torch.isfinite(v) | (v < low)
-            if high is not None:
-                bad |= v > high
-            if bad.any():
-                raise InputError(f"{name} must {_range(low, high)}, got a value of {v[bad].flatten()[0].item()}")
-        return value
+        return _check_coef_tensor(name, value, layout, low, high)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numbers.Real: numpy scalars too
         raise TypeError(f"{name} must be a float or a tensor, got {type(value).__name__}")
-    value = float(value)
+    return _check_number(name, float(value), low, high)
+
+
+def _check_number(name: str, value: float, low: float, high: float | None) -> float:
     if not math.isfinite(value) or value < low or (high is not None and value > high):
         raise InputError(f"{name} must {_range(low, high)}, got {value}")
+    return value
+
+
+def _check_coef_tensor(name: str, value: torch.Tensor, layout: Layout, low: float, high: float | None):
+    """``check_coef`` of a tensor: floating, dense, on the inputs' device (or one CPU element), broadcastable."""
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor or a float, got a {value.dtype} tensor")
+    if value.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
+    if value.device != layout.device and not (value.numel() == 1 and value.device.type == "cpu"):
+        raise InputError(f"{name} is on {value.device} but the inputs are on {layout.device} (a one-element "
+                         "coefficient may also be a CPU tensor)")
+    try:
+        ok = torch.broadcast_shapes(value.shape, layout.shape) == layout.shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise InputError(f"{name} has shape {tuple(value.shape)}, which does not broadcast to the inputs' "
+                         f"shape {tuple(layout.shape)}")
+    if torch.compiler.is_compiling():  # reading values would break the graph: checked in eager calls only
+        return value
+    if value.device.type == "cpu" and value.numel() == 1:  # the common case (an estimator's buffer): no tensor ops
+        v = value.item()
+        if not math.isfinite(v) or v < low or (high is not None and v > high):
+            raise InputError(f"{name} must {_range(low, high)}, got a value of {v}")
+    elif value.device.type == "cpu" and value.numel():
+        v = value.detach().double()
+        bad = ~torch.isfinite(v) | (v < low)
+        if high is not None:
+            bad |= v > high
+        if bad.any():
+            raise InputError(f"{name} must {_range(low, high)}, got a value of {v[bad].flatten()[0].item()}")
     return value
 
 
@@ -155,6 +202,40 @@ def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None =
         states: name -> float tensor or None, of the input shape without the time dimension.
         optional: the names in ``floats`` and ``flags`` that may be None; any other None raises ``TypeError``.
     """
+    layout = _uniform_layout(time_dim, floats, flags, optional) or _checked_layout(time_dim, floats, flags, optional)
+    if states:
+        _check_states(states, layout)
+    return layout
+
+
+def _uniform_layout(time_dim, floats: dict, flags: dict, optional: tuple) -> Layout | None:
+    """The layout of the common call, found in a few comparisons per input: the first float given, every input a
+    dense ``torch.Tensor`` of its shape and device (or None where optional), the floats of its float dtype, the
+    flags bool, an int ``time_dim`` in range. None for any other call: ``_checked_layout`` then names the culprit."""
+    ref = next(iter(floats.values()), None)
+    if (type(ref) is not torch.Tensor or type(time_dim) is not int or ref.dtype not in FLOAT_DTYPES
+            or ref.layout != torch.strided):
+        return None
+    shape, device = ref.shape, ref.device
+    for inputs, dtype in ((floats, ref.dtype), (flags, torch.bool)):
+        for name, x in inputs.items():
+            if x is ref:
+                continue
+            if x is None:
+                if name in optional:
+                    continue
+                return None
+            if (type(x) is not torch.Tensor or x.dtype != dtype or x.shape != shape or x.device != device
+                    or x.layout != torch.strided):
+                return None
+    ndim = len(shape)
+    if not -ndim <= time_dim < ndim:  # a 0-d input fails this too
+        return None
+    return _layout(shape, time_dim % ndim, ref.dtype, device)
+
+
+def _checked_layout(time_dim, floats: dict, flags: dict, optional: tuple) -> Layout:
+    """``check_inputs`` of the floats and flags, input by input, raising the first error found."""
     for name, x in {**floats, **flags}.items():
         if x is None and name not in optional:
             if name in flags:
@@ -193,19 +274,12 @@ def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None =
         raise InputError(f"{ref_name} must have a time dimension, got a 0-d tensor")
     if not -ndim <= time_dim < ndim:
         raise InputError(f"time_dim={time_dim} is out of range for inputs of shape {tuple(ref.shape)}")
-    td = time_dim % ndim
-    shape = ref.shape
-    layout = Layout(
-        shape=shape,
-        time_dim=td,
-        outer=math.prod(shape[:td]),
-        T=shape[td],
-        inner=math.prod(shape[td + 1 :]),
-        dtype=ref.dtype,
-        acc_dtype=torch.float64 if ref.dtype == torch.float64 else torch.float32,
-        device=ref.device,
-    )
-    for name, s in (states or {}).items():
+    return _layout(ref.shape, time_dim % ndim, ref.dtype, ref.device)
+
+
+def _check_states(states: dict, layout: Layout) -> None:
+    """Carried states (or None): dense float tensors of ``layout.state_shape`` on the inputs' device."""
+    for name, s in states.items():
         if s is None:
             continue
         _check_tensor(name, s)
@@ -216,7 +290,6 @@ def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None =
             raise InputError(f"{name} is on {s.device} but the inputs are on {layout.device}")
         if not s.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {s.dtype}")
-    return layout
 
 
 def checks_values(x: torch.Tensor) -> bool:
@@ -259,6 +332,8 @@ def rows_strides(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, tuple[i
     """
     if x.shape != layout.shape:
         x = x.expand(layout.shape)
+    elif x.is_contiguous() and not layout.empty:  # the common case, without merging dimensions
+        return x, layout.contiguous_strides
     td = layout.time_dim
     so = _merged_stride(x.shape[:td], x.stride()[:td])
     si = _merged_stride(x.shape[td + 1 :], x.stride()[td + 1 :])

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launcher import launcher
 from ._utils import Layout, check_inputs, resolve_backend, rows_strides
 
 __all__ = ["linear_scan", "torch_linear_scan", "launch_config"]
@@ -404,10 +405,11 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     lb = None
     if cfg["LOOKBACK"]:  # the ticket counter and three status words per chunk, all zero
         lb = torch.zeros(1 + 3 * grid[0], dtype=torch.int64, device=layout.device)
-    kernel[grid](
+    launcher(kernel)(
+        grid, num_warps,
         **kwargs, h0_ptr=h0, ht_ptr=ht, lb_ptr=lb, HAS_INITIAL_STATE=h0 is not None,
         STORE_FINAL_STATE=output_final_state, n_rows=layout.rows, inner=layout.inner, T=layout.T,
-        ACC=triton_dtype(layout.acc_dtype), num_warps=num_warps,
+        ACC=triton_dtype(layout.acc_dtype),
         CUT_A=not (finite_a and all(kwargs[f"{c}_ptr"] is None for c in coefs or {})), **cfg, **constexprs,
     )
     return None if ht is None else ht.reshape(layout.state_shape)
