@@ -106,15 +106,19 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
     elif (path := resolve_backend(backend, layout.device, reward, next_state_value, state_value, gamma,
                                   lmbda, initial_state)) != "triton":
         r = rows_time(reward, layout)
-        nd, nterm = not_flag(done, layout), not_flag(terminated, layout)
-        if done_or_terminated:
-            nd = nd * nterm
-        if initial_state is None:  # the window end bootstraps like a truncation
-            nd[:, -1] = 0.0
         nv = torch.zeros_like(r) if next_state_value is None else rows_time_unless(next_state_value, terminated,
                                                                                     layout)
-        b_a, b_b = td_lambda_coefficients(r, nv, nd, nterm, rows_time(gamma, layout), rows_time(lmbda, layout))
-        h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
+        if isinstance(lmbda, float) and lmbda == 0.0:  # TD(0): every a_t is 0, G_t = r_t + gamma_t V'_t, no scan
+            h = r + rows_time(gamma, layout) * nv
+            ht = h[:, 0].clone()
+        else:
+            nd, nterm = not_flag(done, layout), not_flag(terminated, layout)
+            if done_or_terminated:
+                nd = nd * nterm
+            if initial_state is None:  # the window end bootstraps like a truncation
+                nd[:, -1] = 0.0
+            b_a, b_b = td_lambda_coefficients(r, nv, nd, nterm, rows_time(gamma, layout), rows_time(lmbda, layout))
+            h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
         if state_value is not None:
             h = h - rows_time(state_value, layout)
         out, ht = from_rows_time(h, layout), state_out(ht, layout)
