@@ -1,15 +1,22 @@
 """Estimator-module benchmark: full calls on rollout TensorDicts, ours against TorchRL's classes.
 
     python benchmarks/bench_estimators.py [--B 4096] [--T 128] [--modes eager,compile,cudagraph] [--out h200]
+    python benchmarks/bench_estimators.py --math stub --no-value-network --estimators GAE,TD0Estimator --calls 3000
 
-Per mode (eager; torch.compile; tensordict's CudaGraphModule), class (GAE, TDLambdaEstimator, VTrace) and setting
-(values precomputed in the rollout, or a small value network evaluated by the module): host wall time per call
-(calls back to back, device drained at the end), device time on CUDA, and the outputs' largest difference to
-TorchRL's eager output. Each is checked against TorchRL's eager output before it is timed.
+Per mode (eager; torch.compile; tensordict's CudaGraphModule), math (``real``; ``stub``: every value functional,
+ours and TorchRL's, returns precomputed outputs, so only the module, TensorDict and Python layer is timed), class
+and setting (values precomputed in the rollout, or a small value network evaluated by the module): host wall time
+per call (calls back to back, device drained at the end), device time on CUDA, and the outputs' largest difference
+to TorchRL's eager output. Three implementations: TorchRL's class, ours, and ours with its direct path switched off
+(``ours_inherited``: every call through TorchRL's re-bound ``forward``). With real math each is checked against
+TorchRL's eager output before it is timed; stubbed rows are timings only. The second command above times the module
+layer alone (quick on a CPU too; ``--estimators`` takes GAE, TDLambdaEstimator, TD0Estimator, TD1Estimator, VTrace).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 
 import torch
 import torchrl.objectives.value as trl_value
@@ -76,49 +83,89 @@ def wrap(module, mode):
     return CudaGraphModule(module, warmup=3)
 
 
+@contextlib.contextmanager
+def stubbed_math(B, T):
+    """Every value functional the estimator classes call, ours and TorchRL's, returns precomputed outputs of the
+    rollout's shape: what is left to time is the module, TensorDict and Python layer around the math.
+
+    Ours resolve in one namespace (the module our classes' re-bound methods and their direct path read), TorchRL's
+    in ``torchrl.objectives.value.advantages``."""
+    out = torch.zeros(B, T, 1, device=DEVICE)
+    pair = (out, out)
+    namespaces = [ours.GAE._torchrl_forward.__globals__, vars(sys.modules["torchrl.objectives.value.advantages"])]
+    saved = []
+    for namespace in namespaces:
+        for name in ours.estimators.TORCHRL_FUNCTIONALS:
+            saved.append((namespace, name, namespace[name]))
+            two = "advantage" in name  # (advantage, value_target) pairs; the others return value targets
+            namespace[name] = (lambda *a, **k: pair) if two else (lambda *a, **k: out)
+    try:
+        yield
+    finally:
+        for namespace, name, fn in saved:
+            namespace[name] = fn
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--B", type=int, default=4096)
     parser.add_argument("--T", type=int, default=128)
     parser.add_argument("--modes", default="eager,compile,cudagraph" if DEVICE == "cuda" else "eager",
                         help="comma-separated: eager, compile, cudagraph (CUDA only)")
+    parser.add_argument("--math", default="real", help="comma-separated: real, stub (functionals return "
+                        "precomputed outputs: the module overhead alone)")
+    parser.add_argument("--estimators", default="GAE,TDLambdaEstimator,VTrace",
+                        help="comma-separated: GAE, TDLambdaEstimator, TD0Estimator, TD1Estimator, VTrace")
+    parser.add_argument("--no-value-network", action="store_true",
+                        help="only the rows with values precomputed (VTrace, which always evaluates its networks, "
+                             "is then left out)")
+    parser.add_argument("--calls", type=int, default=None, help="calls per wall-time measurement (default: as many "
+                        "as fit in 0.5 s, at most 200)")
     parser.add_argument("--out", default="h200" if DEVICE == "cuda" else "cpu")
     parser.add_argument("--name", default="bench_estimators", help="results file name (without extension)")
     args = parser.parse_args()
     actor, critic = networks()
     rows = []
-    for mode in args.modes.split(","):
-        for name in ("GAE", "TDLambdaEstimator", "VTrace"):
-            for with_net in (False, True):
-                if name == "VTrace" and not with_net:
-                    continue
-                rows.append(measure(mode, name, with_net, args, actor, critic))
-                print(rows[-1], flush=True)
-    columns = [("mode", "mode"), ("estimator", "estimator"), ("value_network", "value network"), ("B", "B"),
-               ("T", "T"), ("status", "check"), ("torchrl_wall_us", "TorchRL µs/call"),
-               ("ours_wall_us", "ours µs/call"), ("speedup", "speed-up"), ("torchrl_device_us", "TorchRL device µs"),
+    for math in args.math.split(","):
+        for mode in args.modes.split(","):
+            for name in args.estimators.split(","):
+                for with_net in (False,) if args.no_value_network else (False, True):
+                    if name == "VTrace" and not with_net:
+                        continue
+                    rows.append(measure(mode, name, with_net, args, actor, critic, math))
+                    print(rows[-1], flush=True)
+    columns = [("math", "math"), ("mode", "mode"), ("estimator", "estimator"), ("value_network", "value network"),
+               ("B", "B"), ("T", "T"), ("status", "check"), ("torchrl_wall_us", "TorchRL µs/call"),
+               ("ours_wall_us", "ours µs/call"), ("ours_inherited_wall_us", "ours, TorchRL's forward µs/call"),
+               ("speedup", "speed-up"), ("torchrl_device_us", "TorchRL device µs"),
                ("ours_device_us", "ours device µs"), ("max_abs_diff", "max |ours - TorchRL eager|")]
+    command = (f"python benchmarks/bench_estimators.py --B {args.B} --T {args.T} --modes {args.modes} --math "
+               f"{args.math} --estimators {args.estimators}{' --no-value-network' if args.no_value_network else ''}"
+               f"{f' --calls {args.calls}' if args.calls else ''} --name {args.name}")
     out = write_results(args.name, environment(), rows, args.out, columns,
                         f"Estimator modules on rollout TensorDicts ({DEVICE})",
-                        notes=f"Command: `python benchmarks/bench_estimators.py --B {args.B} --T {args.T} "
-                              f"--modes {args.modes} --name {args.name}`\n\nWall time: host time per call, calls back to back, the "
+                        notes=f"Command: `{command}`\n\nWall time: host time per call, calls back to back, the "
                               "device drained once at the end. Device time: median of do_bench with L2 flushed, the "
                               "call captured in a CUDA graph of its own when it can be (else timed as called, "
-                              "host gaps included). Every mode's output is checked against TorchRL's eager output "
-                              "before it is timed.")
+                              "host gaps included). With real math every mode's output is checked against "
+                              "TorchRL's eager output before it is timed; `stub` rows time the module layer alone "
+                              "(every functional returns precomputed outputs) and are not checked. `ours, TorchRL's "
+                              "forward`: our class with its direct path switched off.")
     print(f"wrote {out}")
 
 
-def measure(mode, name, with_net, args, actor, critic):
+def measure(mode, name, with_net, args, actor, critic, math="real"):
     torch._dynamo.reset()  # a fresh compile cache per row (the classes share code objects)
     td = rollout(args.B, args.T)
-    row = {"mode": mode, "estimator": name, "value_network": with_net, "B": args.B, "T": args.T}
+    row = {"math": math, "mode": mode, "estimator": name, "value_network": with_net, "B": args.B, "T": args.T}
     key = "advantage" if name != "TDLambdaEstimator" else "value_target"
-    eager = {k: build(m, name, with_net, actor, critic) for k, m in (("torchrl", trl_value), ("ours", ours))}
+    eager = {k: build(m, name, with_net, actor, critic) for k, m in (("torchrl", trl_value), ("ours", ours),
+                                                                      ("ours_inherited", ours))}
+    eager["ours_inherited"].direct_path = False
     if mode == "cudagraph" and with_net:  # TorchRL's value-network call checks next observations for NaN (a sync)
         row["status"] = "not capturable (the value-network call synchronises, in TorchRL's code)"
         return row
-    with torch.no_grad():
+    with torch.no_grad(), (stubbed_math(args.B, args.T) if math == "stub" else contextlib.nullcontext()):
         reference = eager["torchrl"](td.clone())[key]
         scale = 1 + reference.abs().max().item()
         for k, module in eager.items():
@@ -130,17 +177,20 @@ def measure(mode, name, with_net, args, actor, critic):
             except Exception as e:  # noqa: BLE001 - reported in the table, not hidden
                 row[f"{k}_status"] = f"failed: {type(e).__name__}"
                 continue
-            diff = (out - reference).abs().max().item()
-            if k == "ours":
-                row["max_abs_diff"] = diff
-            if diff > 1e-3 * scale:
-                row[f"{k}_status"] = "wrong"
-                continue
-            row[f"{k}_status"] = "ok"
-            row[f"{k}_wall_us"] = wall_time_us(lambda: fn(data))
+            if math == "real":
+                diff = (out - reference).abs().max().item()
+                if k == "ours":
+                    row["max_abs_diff"] = diff
+                if diff > 1e-3 * scale:
+                    row[f"{k}_status"] = "wrong"
+                    continue
+                row[f"{k}_status"] = "ok"
+            else:
+                row[f"{k}_status"] = "stubbed (timing only)"
+            row[f"{k}_wall_us"] = wall_time_us(lambda: fn(data), args.calls)
             if DEVICE == "cuda":
                 row[f"{k}_device_us"], row[f"{k}_device_how"] = device_time_us(lambda: fn(data))
-    row["status"] = ", ".join(f"{k}: {row.get(f'{k}_status')}" for k in ("ours", "torchrl"))
+    row["status"] = ", ".join(f"{k}: {row.get(f'{k}_status')}" for k in ("ours", "ours_inherited", "torchrl"))
     if row.get("ours_wall_us") and row.get("torchrl_wall_us"):
         row["speedup"] = row["torchrl_wall_us"] / row["ours_wall_us"]
     return row
