@@ -21,7 +21,8 @@ export PYTHONUNBUFFERED=1
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt"
 if has tests; then
-  timeout 260 python -m pytest tests -q -n 8 -m "not gpu_scale" -p no:cacheprovider > "$R/pytest_cuda.log" 2>&1
+  timeout ${TESTS_TIMEOUT:-260} python -m pytest tests -q -n ${TEST_WORKERS:-8} -m "not gpu_scale" -p no:cacheprovider \
+    > "$R/pytest_cuda.log" 2>&1
   tail -2 "$R/pytest_cuda.log"
 fi
 if has kerneltests; then  # the files that test the kernels, the look-back mode's concurrent chunks included
@@ -70,7 +71,7 @@ if has sb3; then
   timeout 60 python bench_sb3.py --device cuda --out "$R/h200" > "$R/bench_sb3.log" 2>&1; tail -1 "$R/bench_sb3.log"
 fi
 if has host; then
-  timeout 30 python host_overhead.py --B 4096 --T 128 > "$R/h200/host_overhead.json" 2> "$R/host_overhead.err"
+  timeout 60 python host_overhead.py --B 4096 --T 128 > "$R/h200/host_overhead.json" 2> "$R/host_overhead.err"
   cat "$R/h200/host_overhead.json"
 fi
 cd ..
