@@ -21,15 +21,16 @@ export PYTHONUNBUFFERED=1
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt"
 if has tests; then
-  timeout ${TESTS_TIMEOUT:-260} python -m pytest tests -q -n ${TEST_WORKERS:-8} -m "not gpu_scale" -p no:cacheprovider \
+  # -v names every result as it comes: a run stopped by its time limit still says which tests failed
+  timeout ${TESTS_TIMEOUT:-260} python -m pytest tests -v -n ${TEST_WORKERS:-8} -m "not gpu_scale" -p no:cacheprovider \
     > "$R/pytest_cuda.log" 2>&1
-  tail -2 "$R/pytest_cuda.log"
+  grep -E " (FAILED|ERROR) " "$R/pytest_cuda.log" | head -20; tail -1 "$R/pytest_cuda.log"
 fi
 if has kerneltests; then  # the files that test the kernels, the look-back mode's concurrent chunks included
   timeout ${KTESTS_TIMEOUT:-240} python -m pytest tests/test_launch_modes.py tests/test_algorithms.py tests/test_vtrace_retrace.py \
     tests/test_traces_prefix.py tests/test_scan.py tests/test_nonfinite.py tests/test_determinism.py \
-    tests/test_autograd.py -q -n 14 -p no:cacheprovider > "$R/pytest_kernels_cuda.log" 2>&1
-  tail -4 "$R/pytest_kernels_cuda.log"
+    tests/test_autograd.py -v -n 14 -p no:cacheprovider > "$R/pytest_kernels_cuda.log" 2>&1
+  grep -E " (FAILED|ERROR) " "$R/pytest_kernels_cuda.log" | head -20; tail -1 "$R/pytest_kernels_cuda.log"
 fi
 if has scale; then  # > 2^31 elements, 2^22 steps, peak memory (GPU-only tests, one process: they need the memory)
   timeout 150 python -m pytest tests/test_scale.py -m gpu_scale -q -s -p no:cacheprovider > "$R/pytest_scale.log" 2>&1
