@@ -15,17 +15,20 @@ Each step is the affine map :math:`f_t(h) = a_t h + b_t`; composing two maps is 
 and associative, so the whole sequence is one associative scan (``_affine_combine``) of depth O(log T).
 
 Kernels tile a ``[BLOCK_R, BLOCK_T]`` block of (row, time) and scan it in registers; sequences longer than
-``BLOCK_T`` are walked chunk by chunk in scan order, the last state of one chunk entering the next. Any
+``BLOCK_T`` are walked chunk by chunk in scan order, the last state of one chunk entering the next. Long sequences
+in few rows instead give every chunk its own program, which finds the state entering its chunk by a decoupled
+look-back over its predecessors (``chain_state``; ``launch_config`` picks the mode). Any
 ``[*B, T, *F]`` input with any ``time_dim`` is addressed by strides as ``(outer, T, inner)``: row ``r`` is
 ``(r // inner, r % inner)``. Offsets are int64.
 
 Every kernel (the generic one here and each algorithm's) is the same skeleton built from the helpers below:
-``row_prologue`` (rows, entering state, number of chunks), a loop over ``chunk``\ s in scan order that loads with
+``row_prologue`` (rows, entering state, the chunks to walk), a loop over ``chunk``\ s in scan order that loads with
 ``load_tile``/``load_coef``, forms a_t, b_t, calls ``scan_tile`` and writes with ``store_tile``, then
 ``store_state``; ``launch`` starts any of them. ``torch_linear_scan`` is the plain-torch scan of the CPU path.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -317,6 +320,16 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a JIT function: several µs per call from Python
+
+
+@functools.lru_cache(maxsize=None)
+def _param_names(name: str) -> tuple[str, ...]:
+    """The kernel parameters of an input or coefficient ``name`` (``launch``'s naming scheme)."""
+    return f"{name}_ptr", f"s_{name}_o", f"s_{name}_t", f"s_{name}_i", f"{name.upper()}_TENSOR"
+
+
 def launch_config(layout: Layout) -> dict:
     """Tile sizes, grid and mode of a launch over ``layout``.
 
@@ -329,7 +342,7 @@ def launch_config(layout: Layout) -> dict:
     if (layout.acc_dtype == torch.float32 and layout.T >= LOOKBACK_MIN_T and layout.rows <= LOOKBACK_MAX_ROWS
             and LOOKBACK_WINDOW and not torch.are_deterministic_algorithms_enabled()):
         block_t = LOOKBACK_BLOCK_T
-        return {"grid": (layout.rows * triton.cdiv(layout.T, block_t),), "BLOCK_R": 1, "BLOCK_T": block_t,
+        return {"grid": (layout.rows * _cdiv(layout.T, block_t),), "BLOCK_R": 1, "BLOCK_T": block_t,
                 "num_warps": LOOKBACK_WARPS, "NUM_STAGES": 1, "LOOKBACK": LOOKBACK_WINDOW}
     block_t = min(max(_pow2(layout.T), 2), MAX_BLOCK_T)
     block_r = max(1, min(_pow2(layout.rows), max(1, TILE_ELEMENTS // block_t)))
@@ -337,7 +350,7 @@ def launch_config(layout: Layout) -> dict:
     if SHORT_BLOCK_T < layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
         block_t, block_r, num_warps = SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS
     return {
-        "grid": (triton.cdiv(layout.rows, block_r),),
+        "grid": (_cdiv(layout.rows, block_r),),
         "BLOCK_R": block_r,
         "BLOCK_T": block_t,
         "num_warps": num_warps,
@@ -381,24 +394,25 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     """
     kwargs = {}
     for name, x in inputs.items():
-        x, (so, st, si) = rows_strides(x, layout)
-        kwargs.update({f"{name}_ptr": x, f"s_{name}_o": so, f"s_{name}_t": st, f"s_{name}_i": si})
+        p_x, p_o, p_t, p_i, _ = _param_names(name)
+        kwargs[p_x], (kwargs[p_o], kwargs[p_t], kwargs[p_i]) = rows_strides(x, layout)
+    all_numbers = True
     for name, c in (coefs or {}).items():
+        p_c, p_o, p_t, p_i, p_tensor = _param_names(name)
         if not isinstance(c, torch.Tensor) and layout.acc_dtype == torch.float64:
             # Triton passes Python floats as float32: keep float64 exact by reading the value from memory.
             c = torch.full((), c, dtype=torch.float64, device=layout.device)
         if isinstance(c, torch.Tensor):
-            c, (so, st, si) = rows_strides(c.to(layout.device), layout)
-            kwargs.update({name: 0.0, f"{name}_ptr": c, f"{name.upper()}_TENSOR": True})
+            kwargs[p_c], (kwargs[p_o], kwargs[p_t], kwargs[p_i]) = rows_strides(c.to(layout.device), layout)
+            kwargs[name], kwargs[p_tensor] = 0.0, True
+            all_numbers = False
         else:
-            so = st = si = 0
             # float32 has no normal number below 2**-126 (the GPU flushes subnormals to zero), and Triton's
             # interpreter would type such an argument as float64: pass it as the zero it is in float32 arithmetic
-            c = 0.0 if abs(c) < 2.0**-126 else c
-            kwargs.update({name: c, f"{name}_ptr": None, f"{name.upper()}_TENSOR": False})
-        kwargs.update({f"s_{name}_o": so, f"s_{name}_t": st, f"s_{name}_i": si})
+            kwargs[name] = 0.0 if abs(c) < 2.0**-126 else c
+            kwargs[p_c], kwargs[p_o], kwargs[p_t], kwargs[p_i], kwargs[p_tensor] = None, 0, 0, 0, False
     for name, y in outputs.items():
-        kwargs[f"{name}_ptr"] = y
+        kwargs[_param_names(name)[0]] = y
     h0, ht = state_buffers(layout, initial_state, output_final_state)
     cfg = dict(launch_config(layout))
     grid, num_warps = cfg.pop("grid"), cfg.pop("num_warps")
@@ -410,7 +424,7 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         **kwargs, h0_ptr=h0, ht_ptr=ht, lb_ptr=lb, HAS_INITIAL_STATE=h0 is not None,
         STORE_FINAL_STATE=output_final_state, n_rows=layout.rows, inner=layout.inner, T=layout.T,
         ACC=triton_dtype(layout.acc_dtype),
-        CUT_A=not (finite_a and all(kwargs[f"{c}_ptr"] is None for c in coefs or {})), **cfg, **constexprs,
+        CUT_A=not (finite_a and all_numbers), **cfg, **constexprs,
     )
     return None if ht is None else ht.reshape(layout.state_shape)
 
