@@ -81,8 +81,6 @@ GRIDS = {
 # torch path) and a forward scan
 QUICK = {"shapes": [(65536, 2048), (65536, 8), (4096, 32), (4096, 128), (16, 1 << 16)],
          "algorithms": "gae,vtrace,episodic_prefix_sum", "dtypes": "float32", "truncation": "with"}
-# --sweep without --B/--T: the shapes of the tile sweep in results/h200/sweep_tiles.md
-SWEEP_SHAPES = list(itertools.product((4096, 16384, 65536), (32, 128, 2048)))
 IMPLS = ("ours_triton", "ours_torch", "doubling", "assoc_scan", "torchrl_vec", "torchrl_loop")
 CAPTURABLE = {"ours_triton", "ours_torch", "doubling", "assoc_scan"}  # TorchRL's functionals synchronise (.item())
 COMPILED = {"ours_triton", "doubling", "assoc_scan"}  # their first call in a cell may compile
@@ -346,47 +344,6 @@ def bench_cell(algo, B, T, dtype, truncation, x, x64, bandwidth, args, out_rows)
     return rows
 
 
-def sweep_cell(algo, B, T, dtype, args):
-    """Our kernel over tile sizes, warp counts and the longest time tile: every configuration checked against the
-    reference, then timed; returns the best and all."""
-    spec = ALGOS[algo]
-    x = rollout(B, T, dtype, "with")
-    refs = _tuple(spec.call({k: (v.double() if v is not None and v.is_floating_point() else v)
-                             for k, v in x.items()}, "torch"))
-
-    def fn(x):
-        return spec.call(x, "triton")
-
-    best = None
-    old = (scan.TILE_ELEMENTS, scan.MAX_BLOCK_T, scan.launch_config)
-    results = []
-    max_ts = (512, 1024, 2048) if T > 512 else (old[1],)
-    try:
-        for tile, warps, max_t in itertools.product((512, 1024, 2048, 4096, 8192), (2, 4, 8), max_ts):
-            scan.TILE_ELEMENTS, scan.MAX_BLOCK_T = tile, max_t
-
-            def cfg(layout, _warps=warps, _orig=old[2]):
-                c = _orig(layout)
-                c["num_warps"] = _warps
-                return c
-
-            scan.launch_config = cfg
-            entry = {"tile": tile, "warps": warps, "max_block_t": max_t}
-            if check(fn(x), refs, dtype) < 0:
-                entry["status"] = "wrong"
-            else:
-                entry["device_us"], _ = device_time_us(lambda: fn(x))
-                if best is None or entry["device_us"] < best["device_us"]:
-                    best = entry
-            results.append(entry)
-    finally:
-        scan.TILE_ELEMENTS, scan.MAX_BLOCK_T, scan.launch_config = old
-    default = next((r for r in results if r["tile"] == old[0] and r["warps"] == 4 and r["max_block_t"] == old[1]),
-                   None)
-    return {"algorithm": algo, "B": B, "T": T, "dtype": str(dtype).replace("torch.", ""), "best": best,
-            "default": default, "all": results}
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The plan: cells, compiles and a time estimate, before anything runs
 # ---------------------------------------------------------------------------------------------------------------
@@ -576,8 +533,6 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="h200", help="subdirectory of benchmarks/results, or a path")
     parser.add_argument("--name", default="bench_kernels")
     parser.add_argument("--no-report", action="store_true", help="write the JSON only")
-    parser.add_argument("--sweep", action="store_true", help="also sweep our tile size and warps per cell")
-    parser.add_argument("--sweep-only", action="store_true", help="only the sweep (no baselines)")
     parser.add_argument("--all-loops", action="store_true", help="time TorchRL's loop functionals at every T")
     args = parser.parse_args(argv)
     if args.quick:
@@ -608,8 +563,7 @@ def command_line(argv) -> str:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    estimate = ({"sweep_only": True, "total_s": None} if args.sweep_only
-                else plan(args, calibrate(args.calibrate) if args.calibrate else None))
+    estimate = plan(args, calibrate(args.calibrate) if args.calibrate else None)
     print(f"plan: {json.dumps(estimate)}", flush=True)
     if args.plan:
         return
@@ -627,7 +581,6 @@ def main(argv=None):
     env["measurement"] = {"warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms, "wall_budget_s": args.wall_budget_s,
                           "max_call_ms": args.max_call_ms, "budget_s": args.budget_s}
     env["plan"] = estimate
-    env["sweeps"] = []
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, empty kernel {env['empty_kernel_us']:.2f} us on "
           f"{env.get('gpu', DEVICE)}", flush=True)
     out_dir = RESULTS / args.out
@@ -647,7 +600,7 @@ def main(argv=None):
         tmp.write_text(json.dumps({"environment": env, "command": command_line(argv), "rows": rows}, indent=1))
         tmp.replace(path)
 
-    cells = cells_of(args) if not args.sweep_only else []
+    cells = cells_of(args)
     timing["startup_s"] = time.perf_counter() - started
     def not_run(reason):
         """A row for every planned implementation and cell that has none, saying why."""
@@ -677,11 +630,6 @@ def main(argv=None):
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
             save()
-        sweep_shapes = shapes_of(args) if (args.B or args.T) else SWEEP_SHAPES
-        for algo in args.algorithms if (args.sweep or args.sweep_only) else ():
-            for B, T in sweep_shapes:
-                env["sweeps"].append(sweep_cell(algo, B, T, getattr(torch, args.dtypes[0]), args))
-                print(f"   sweep {algo} B={B} T={T}: best {env['sweeps'][-1]['best']}", flush=True)
     except (KeyboardInterrupt, _Stop) as e:
         env["interrupted"] = str(e) or type(e).__name__
         print(f"interrupted ({env['interrupted']}): writing what was measured", flush=True)

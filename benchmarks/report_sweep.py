@@ -1,4 +1,5 @@
-"""Markdown table of a tile sweep (``bench_kernels.py --sweep-only``), generated from its JSON.
+"""Markdown table of the tile sweep of d83c453 (``bench_kernels.py --sweep-only`` then; the same sweep is now
+``sweep_configs.py --preset tiles``), generated from its JSON.
 
     python benchmarks/report_sweep.py benchmarks/results/h200/sweep_tiles.json > benchmarks/results/h200/sweep_tiles.md
 """

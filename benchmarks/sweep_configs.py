@@ -1,7 +1,7 @@
 """Launch-configuration sweep of our fused kernels: which tile shape, warp count, loop pipelining and mode (tiles of
 rows, or one program per chunk with look-back) is fastest per shape. Feeds ``scan.launch_config``.
 
-    python benchmarks/sweep_configs.py [--preset large,short,long] [--algorithms gae,vtrace] [--budget-s 240]
+    python benchmarks/sweep_configs.py [--preset large,short,long,tiles] [--algorithms gae,vtrace] [--budget-s 240]
 
 Every configuration is checked against the float64 torch path before it is timed (device time: do_bench median of
 a replayed CUDA graph, L2 flushed); a wrong one is reported as wrong. Writes ``results/<out>/<name>.json`` and a
@@ -10,6 +10,7 @@ markdown table with each cell's best configuration and the current default's tim
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 
@@ -41,11 +42,24 @@ def _tiles_candidates(T):
     return out
 
 
+def _whole_t_candidates(T):
+    """Whole-T tiles: elements per program x warps x the longest time tile (the sweep behind
+    results/h200/sweep_tiles.md, which chose TILE_ELEMENTS = 512)."""
+    out = []
+    for tile, warps, max_t in itertools.product((512, 1024, 2048, 4096, 8192), (2, 4, 8),
+                                                 (512, 1024, 2048) if T > 512 else (1024,)):
+        bt = min(1 << max(1, (T - 1).bit_length()), max_t)
+        out.append(rows_cfg(bt, max(1, tile // bt), warps))
+    return out
+
+
 PRESETS = {
     # large rollouts (the >= 90% target) and the massively parallel regime
     "large": ([(65536, 2048), (16384, 2048), (65536, 128), (4096, 128), (4096, 32)], _tiles_candidates),
     # short horizons with many environments
     "short": ([(65536, 8), (16384, 8), (65536, 16)], _tiles_candidates),
+    # whole-T tile sizes and warps (the shapes of results/h200/sweep_tiles.md)
+    "tiles": (list(itertools.product((4096, 16384, 65536), (32, 128, 2048))), _whole_t_candidates),
     # long sequences in few rows: look-back chunk sizes and warps against the per-row kernel
     "long": ([(16, 1 << 20), (1, 1 << 20), (16, 1 << 16), (256, 1 << 16), (1024, 8192)],
              lambda T: [rows_cfg(1024, 1, 4)] + [lookback_cfg(bt, w) for bt, w in (

@@ -39,6 +39,15 @@ def test_bench_cpu_quick(tmp_path):
     assert (tmp_path / "bench_cpu.md").exists()
 
 
+def test_sweep_configs_smoke(tmp_path):
+    """The launch-configuration sweep: every configuration checked against float64, then timed and reported."""
+    _run(["sweep_configs.py", "--smoke", "--preset", "short", "--algorithms", "gae", "--out", str(tmp_path),
+          "--name", "sweep"], tmp_path)
+    data = json.loads((tmp_path / "sweep.json").read_text())
+    assert data["all"] and {r["status"] for r in data["all"]} == {"ok"}
+    assert len(data["rows"]) == 1 and "best configuration" in (tmp_path / "sweep.md").read_text()
+
+
 def test_bench_kernels_tiny(tmp_path):
     """Every implementation end to end: Triton through its interpreter, both compiled scans (traced by dynamo, run
     by the eager backend to keep this fast), TorchRL; checked, timed, reported with plots."""
