@@ -99,7 +99,7 @@ def main():
                     x = make_rollout((2, 40, 1), 1, "random", torch.float32)
                     kw = dict(coefs)
                     if state:
-                        kw["initial_state"] = torch.zeros(2, 1)
+                        kw["initial_state"] = torch.zeros(2, 1, device=x["reward"].device)
                         kw["output_final_state"] = True
                     try:
                         call(x, backend="triton", time_dim=1, **kw)
