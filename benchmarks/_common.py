@@ -128,6 +128,37 @@ def graph_time_us(fn, calls: int = 20, reps: int = 10) -> float | None:
     return statistics.median(times)
 
 
+def kernel_time_us(fn, reps: int = 30, flush_bytes: int = 256 << 20) -> float:
+    """Median device time of one call's kernels in microseconds, L2 flushed before each call: the durations the
+    GPU's activity records (CUPTI, through ``torch.profiler``) give every kernel of the call, summed per call.
+
+    No launch of any kind is counted (neither Python nor a graph launch), only the kernels' execution: the device
+    time in its narrowest sense, beside ``device_time_us``'s event-to-event time. The flush is an in-place
+    ``bitwise_not_`` of ``flush_bytes``, recognised by its kernel name.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.zeros(flush_bytes // 4, dtype=torch.int32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.bitwise_not_()
+            fn()
+        torch.cuda.synchronize()
+    calls, current = [], None
+    kernels = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    for e in kernels:
+        if "bitwise_not" in e.name:
+            current = [0.0]
+            calls.append(current)
+        elif current is not None:
+            current[0] += e.time_range.elapsed_us()
+    del flush
+    return statistics.median(c[0] for c in calls) if calls else float("nan")
+
+
 def wall_time_us(fn, calls: int | None = None, budget_s: float = 0.5) -> float:
     """Host wall time per call, calls issued back to back and the device drained once at the end."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

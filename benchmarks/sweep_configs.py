@@ -53,7 +53,16 @@ def _whole_t_candidates(T):
     return out
 
 
+def _rows128_candidates(T):
+    """128-step tiles (one warp per row: the reverse scans' own reversal) in 4-16 rows on 4 or 8 warps, against
+    the former whole-T tiles (512 or 1024 steps, Triton's reverse scan)."""
+    out = [rows_cfg(128, r, w) for r, w in itertools.product((4, 8, 16), (4, 8)) if r * 128 >= w * 128]
+    return out + [rows_cfg(min(1 << max(1, (T - 1).bit_length()), 1024), 1, 4)]
+
+
 PRESETS = {
+    # tiles of 128 steps against whole-T tiles
+    "rows128": ([(65536, 512), (16384, 2048), (65536, 128), (4096, 128), (4096, 512)], _rows128_candidates),
     # large rollouts (the >= 90% target) and the massively parallel regime
     "large": ([(65536, 2048), (16384, 2048), (65536, 128), (4096, 128), (4096, 32)], _tiles_candidates),
     # short horizons with many environments

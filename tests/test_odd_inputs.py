@@ -38,6 +38,8 @@ VALID = {
     "empty_B": ((0, 5, 2), -2, None),
     "expanded_outer": ((1, 7, 2), -2, _expanded_outer),
     "transposed": ((3, 9, 2), -2, lambda x: relayout(x, "permuted", -2)),  # stored time-major (dims reversed)
+    # one tensor passed as both done and terminated (the kernels read it once); 150 steps: two time tiles
+    "same_flags": ((3, 150, 2), -2, lambda x: {**x, "terminated": x["done"]}),
     "float16": ((3, 9, 2), -2, lambda x: _map(x, lambda k, v: v.half(), FLOATS)),
     "bfloat16": ((3, 9, 2), -2, lambda x: _map(x, lambda k, v: v.bfloat16(), FLOATS)),
     "requires_grad": ((3, 9, 2), -2, lambda x: _map(x, lambda k, v: v.clone().requires_grad_(), FLOATS)),

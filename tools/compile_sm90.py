@@ -11,6 +11,7 @@ Prints one line per distinct compilation; exits 1 if any fails. Must run without
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -94,9 +95,10 @@ def main():
         for k, v in settings.items():
             setattr(scan, k, v)
         try:
-            for name, (call, _, coefs) in TABLE.items():
+            # 40 steps: one tile of 64; 300 steps: chunks of MAX_BLOCK_T (the reverse scans' own reversal)
+            for (name, (call, _, coefs)), steps in itertools.product(TABLE.items(), (40, 300)):
                 for state in ((False,) if args.quick else (False, True)):
-                    x = make_rollout((2, 40, 1), 1, "random", torch.float32)
+                    x = make_rollout((2, steps, 1), 1, "random", torch.float32)
                     kw = dict(coefs)
                     if state:
                         kw["initial_state"] = torch.zeros(2, 1, device=x["reward"].device)

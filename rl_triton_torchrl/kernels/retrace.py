@@ -42,8 +42,9 @@ from ._utils import (
     InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values, resolve_backend,
 )
 from .scan import (
-    chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag,
-    row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_tile, zero_where,
+    chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs,
+    not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_tile,
+    zero_where,
 )
 
 __all__ = ["retrace", "retrace_discrete"]
@@ -82,7 +83,8 @@ def _retrace_fwd_kernel(
     s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
     s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
-    LOG_RATIO: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    LOG_RATIO: tl.constexpr, SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
+    STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -92,8 +94,8 @@ def _retrace_fwd_kernel(
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_q = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)
+        b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
+                                       s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
         # the expected Q' of a terminated step is never read (nor can a NaN there leak)
         b_nq = zero_where(load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC), b_nterm == 0)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)

@@ -42,7 +42,8 @@ from ._utils import Layout, check_inputs, resolve_backend, rows_strides
 __all__ = ["linear_scan", "torch_linear_scan", "launch_config"]
 
 # Largest time tile. Longer sequences loop over chunks of this size. Tests lower it to exercise the chunk loop.
-MAX_BLOCK_T = 1024
+# 128 steps (4 rows per program): one warp per row, so that reverse scans stay in the warp (WARP_LOCAL_T).
+MAX_BLOCK_T = 128
 # Elements per program tile (rows * time). 512 was the fastest or within 3% of it at every GAE and discounted-return
 # cell of the H200 sweep (benchmarks/results/h200/sweep_tiles.md): 4-18% faster than 2048.
 TILE_ELEMENTS = 512
@@ -60,6 +61,11 @@ LOOKBACK_WINDOW = 32
 # Sequences of 5-8 steps: tiles of 4 steps (two per sequence) in 256 rows on 8 warps were 1.1-1.5x faster than whole
 # 8-step tiles at 16384-65536 rows in the same sweep.
 SHORT_T, SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS = 8, 4, 256, 8
+# Reverse scans of tiles exactly WARP_LOCAL_T steps wide (32 lanes x 4 steps: one warp per row) reverse the tile
+# themselves and scan forward (see scan_tile_enter). For narrower tiles Triton's gather first moves the tile into a
+# layout of its own through shared memory (16-64 steps: more SASS instructions than its reverse scan), and at 4
+# steps per row (one thread) the H200 measured it slower (V-trace 65536 x 8: 9.7 -> 19.4 µs).
+WARP_LOCAL_T = tl.constexpr(128)
 # Debugging aid (the tests turn it on): fill every output with NaN before a kernel writes it, so that an element
 # the kernel forgets to write cannot pass as a plausible number.
 POISON_OUTPUTS = False
@@ -171,6 +177,18 @@ def store_tile(base, b_x, o_o, o_i, o_t, T, inner, m):
 
 
 @triton.jit
+def load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i, m,
+                   ACC: tl.constexpr, SAME_FLAGS: tl.constexpr):
+    """(1 - done, 1 - terminated) tiles as ACC; with ``SAME_FLAGS`` one tensor is both and is read once."""
+    b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)
+    if SAME_FLAGS:
+        b_nterm = b_nd
+    else:
+        b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)
+    return b_nd, b_nterm
+
+
+@triton.jit
 def load_state(h0_ptr, o_r, m_r, ACC: tl.constexpr, BLOCK_R: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr):
     """The state [BLOCK_R] entering the sequence: loaded, or zero."""
     if HAS_INITIAL_STATE:
@@ -263,6 +281,13 @@ def chain_state(lb_ptr, row, i_c, n_chunks, b_A, b_B, b_h0, LOOKBACK_WINDOW: tl.
 
 
 @triton.jit
+def _reverse_columns(b_x):
+    """The tile with its columns in reverse order (a gather along the time axis)."""
+    o_c = b_x.shape[1] - 1 - tl.arange(0, b_x.shape[1])
+    return tl.gather(b_x, tl.broadcast_to(o_c[None, :], b_x.shape), 1)
+
+
+@triton.jit
 def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c, n_chunks,
                     LOOKBACK: tl.constexpr):
     """Scans one [BLOCK_R, BLOCK_T] tile of coefficients, entering with state b_h0 [BLOCK_R].
@@ -275,17 +300,28 @@ def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexp
     """
     b_a = tl.where(m, b_a, 1.0)
     b_b = tl.where(m, b_b, 0.0)
+    # Triton's reverse scan reverses its two inputs and two outputs across lanes, each with five butterfly shuffles
+    # per element; a tile whose rows each fill one warp is reversed here instead, with a gather that stays in the
+    # warp, and scanned forward: a third fewer instructions per element (H200, 65536 x 512: GAE 83% -> 91% of the
+    # copy bandwidth, discounted return 50% -> 82%; benchmarks/results/h200/ablate_kernels.md)
+    FLIP: tl.constexpr = REVERSE and b_a.shape[1] == WARP_LOCAL_T
+    if FLIP:
+        b_a = _reverse_columns(b_a)
+        b_b = _reverse_columns(b_b)
     if CUT_A:
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine, reverse=REVERSE)
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine, reverse=REVERSE and not FLIP)
     else:
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine_finite_a, reverse=REVERSE)
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine_finite_a, reverse=REVERSE and not FLIP)
     if LOOKBACK:
-        b_enter = chain_state(lb_ptr, tl.sum(o_r), i_c, n_chunks, tl.sum(edge_column(b_A, REVERSE)),
-                              tl.sum(edge_column(b_B, REVERSE)), tl.sum(b_h0), LOOKBACK if LOOKBACK > 0 else -LOOKBACK,
-                              LOOKBACK < 0)
+        b_enter = chain_state(lb_ptr, tl.sum(o_r), i_c, n_chunks, tl.sum(edge_column(b_A, REVERSE and not FLIP)),
+                              tl.sum(edge_column(b_B, REVERSE and not FLIP)), tl.sum(b_h0),
+                              LOOKBACK if LOOKBACK > 0 else -LOOKBACK, LOOKBACK < 0)
         b_h0 = tl.zeros_like(b_h0) + b_enter
     b_h = apply_map(b_A, b_B, b_h0[:, None])
-    return b_h, edge_column(b_h, REVERSE), b_h0
+    b_exit = edge_column(b_h, REVERSE and not FLIP)
+    if FLIP:
+        b_h = _reverse_columns(b_h)
+    return b_h, b_exit, b_h0
 
 
 @triton.jit
@@ -388,11 +424,14 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     ``{x}_ptr, s_{x}_o, s_{x}_t, s_{x}_i`` for an input ``x`` (any strides); ``{y}_ptr`` for an output (contiguous);
     ``{c}, {c}_ptr, s_{c}_o, s_{c}_t, s_{c}_i`` and constexpr ``{C}_TENSOR`` for a coefficient given as a number or
     a broadcastable tensor; ``h0_ptr, ht_ptr, HAS_INITIAL_STATE, STORE_FINAL_STATE`` for the states;
-    ``lb_ptr, LOOKBACK`` for the look-back status words; ``n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, NUM_STAGES``.
+    ``lb_ptr, LOOKBACK`` for the look-back status words; ``n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, NUM_STAGES``;
+    ``SAME_FLAGS`` (constexpr) for a kernel with inputs ``d`` and ``term``: both are the same tensor.
     ``finite_a``: the kernel's a_t are finite whenever its coefficients are numbers (built from flags and them),
     so that the scan may skip cutting a (``CUT_A``).
     """
     kwargs = {}
+    if "d" in inputs and "term" in inputs:  # one tensor as both done and terminated flags is read once
+        kwargs["SAME_FLAGS"] = inputs["d"] is inputs["term"]
     for name, x in inputs.items():
         p_x, p_o, p_t, p_i, _ = _param_names(name)
         kwargs[p_x], (kwargs[p_o], kwargs[p_t], kwargs[p_i]) = rows_strides(x, layout)

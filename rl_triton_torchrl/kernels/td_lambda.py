@@ -49,7 +49,7 @@ def _td_lambda_fwd_kernel(
     s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
     s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
-    HAS_NEXT_VALUE: tl.constexpr, HAS_VALUE: tl.constexpr, HAS_DONE: tl.constexpr, DONE_OR_TERMINATED: tl.constexpr,
+    HAS_NEXT_VALUE: tl.constexpr, HAS_VALUE: tl.constexpr, SAME_FLAGS: tl.constexpr, DONE_OR_TERMINATED: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -59,14 +59,15 @@ def _td_lambda_fwd_kernel(
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_term = load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        if HAS_DONE:
-            b_d = load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_d = load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        if SAME_FLAGS:  # one tensor serves as done and terminated: read once
+            b_term = b_d
         else:
-            b_d = b_term
-        if DONE_OR_TERMINATED:
-            b_d = tl.maximum(b_d, b_term)
-        if not HAS_INITIAL_STATE:  # the window end bootstraps like a truncation
+            b_term = load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+            if DONE_OR_TERMINATED:
+                b_d = tl.maximum(b_d, b_term)
+        if (not HAS_INITIAL_STATE) and HAS_NEXT_VALUE:
+            # the window end bootstraps like a truncation (without next values that is from zero, as h_T = 0 is)
             b_d = tl.where((o_t == T - 1)[None, :], 1.0, b_d)
         if HAS_NEXT_VALUE:
             # V' of a terminated step is never read (nor can a NaN there leak)
@@ -97,7 +98,6 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
         raise InputError("pass done (and/or terminated) flags")
     gamma = check_coef("gamma", gamma, layout)
     lmbda = check_coef("lmbda", lmbda, layout)
-    has_done = done is not None
     terminated = done if terminated is None else terminated
     done = terminated if done is None else done
     (out,) = new_outputs(layout, 1)
@@ -130,7 +130,7 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
             coefs={"gamma": gamma, "lmbda": lmbda},
             outputs={"out": out},
             initial_state=initial_state, output_final_state=output_final_state, finite_a=True,
-            HAS_NEXT_VALUE=next_state_value is not None, HAS_VALUE=state_value is not None, HAS_DONE=has_done,
+            HAS_NEXT_VALUE=next_state_value is not None, HAS_VALUE=state_value is not None,
             DONE_OR_TERMINATED=done_or_terminated,
         )
     return (out, ht) if output_final_state else out

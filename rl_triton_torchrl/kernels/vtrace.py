@@ -36,9 +36,9 @@ import triton.language as tl
 
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
-    chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue, rows_state,
-    rows_time, rows_time_unless, scan_rows, scan_tile_enter, state_out, store_state, store_tile,
-    zero_where,
+    chunk, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs, not_flag,
+    row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile_enter, state_out, store_state,
+    store_tile, zero_where,
 )
 
 __all__ = ["vtrace"]
@@ -63,6 +63,7 @@ def _vtrace_step(
     s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
     s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, RHO_THRESH_TENSOR: tl.constexpr, C_THRESH_TENSOR: tl.constexpr,
+    SAME_FLAGS: tl.constexpr,
 ):
     """Loads the steps o_t of a tile; returns (a, b, rho, reward, value, next value, not terminated, gamma)."""
     b_lpi = load_tile(lpi_ptr, o_o, o_i, o_t, s_lpi_o, s_lpi_t, s_lpi_i, m, ACC)  # [BLOCK_R, BLOCK_T]
@@ -77,8 +78,8 @@ def _vtrace_step(
     b_c = tl.minimum(b_ratio, b_ct, propagate_nan=tl.PropagateNan.ALL)
     b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
     b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-    b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-    b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+                                   m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
     # V' of a terminated step is never read (nor can a NaN there leak)
     b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC), b_nterm == 0)
     b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
@@ -96,6 +97,7 @@ def _vtrace_fwd_kernel(
     s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
     s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, RHO_THRESH_TENSOR: tl.constexpr, C_THRESH_TENSOR: tl.constexpr,
+    SAME_FLAGS: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -111,7 +113,7 @@ def _vtrace_fwd_kernel(
             s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
             s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
             s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
-            ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR,
+            ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR, SAME_FLAGS,
         )
         # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t, and the state entering the tile (h of the step after its last column)
         b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)

@@ -1,0 +1,234 @@
+"""Where a fused kernel's time goes: the same kernels with one stage left out or done differently.
+
+    python benchmarks/ablate_kernels.py                                   # default variants, shapes, algorithms
+    python benchmarks/ablate_kernels.py --variants base,noscan --shapes 65536x512 --algorithms gae
+    ncu --clock-control none -k regex:_fwd_kernel python benchmarks/ablate_kernels.py --worker base --once
+
+Each variant runs in a process of its own, with one helper of the scan core (``kernels/scan.py``) replaced before
+any kernel compiles; every algorithm kernel picks the replacement up, since they share those helpers:
+
+- ``base``: the kernels as they are.
+- ``noscan``: no scan: the tile's outputs are a_t + b_t (all loads and the coefficient arithmetic stay live). The
+  difference to ``base`` is the scan's share.
+- ``i32``: 32-bit offsets instead of 64-bit ones (valid below 2^31 elements).
+- ``stream``: loads marked ``evict_first`` and stores ``.cs`` (streaming: the data is touched once).
+- ``fwdfake``: the forward scan in place of every reverse one (wrong numbers on purpose, not checked): the work of a
+  reverse scan that needs no reversal of its data, an upper bound on what removing Triton's can give.
+- ``i32_stream``, ``noscan_i32``, ...: several at once.
+
+Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
+the kernels' own duration from the GPU's activity records (``kernel_us``, L2 flushed, no launch counted), and both
+as a fraction of the copy bandwidth measured in the same run. Only ``base`` and the variants that keep the
+arithmetic are checked against the float64 reference (``noscan`` computes something else on purpose).
+Results: ``<out>/ablate_kernels.json`` and ``.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_triton_torchrl.kernels import scan as _scan
+
+VARIANTS = ("base", "noscan", "i32", "stream", "i32_stream", "noscan_i32")
+SHAPES = "65536x512,16384x2048,65536x128,4096x128,4096x32,65536x8"
+ALGORITHMS = "gae,discounted_return,vtrace,td_lambda"
+
+
+@triton.jit
+def _scan_tile_enter_noscan(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
+                            n_chunks, LOOKBACK: tl.constexpr):
+    return b_a + b_b, b_h0, b_h0
+
+
+@triton.jit
+def _scan_tile_noscan(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c, n_chunks,
+                      LOOKBACK: tl.constexpr):
+    return b_a + b_b, b_h0
+
+
+@triton.jit
+def _row_block_i32(n_rows, inner, BLOCK_R: tl.constexpr):
+    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    return o_r // inner, o_r % inner, o_r, o_r < n_rows
+
+
+@triton.jit
+def _chunk_time_i32(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
+    if REVERSE:
+        t0 = (n_chunks - 1 - i_c) * BLOCK_T
+    else:
+        t0 = i_c * BLOCK_T
+    o_t = t0 + tl.arange(0, BLOCK_T)
+    return o_t, o_t < T
+
+
+@triton.jit
+def _load_tile_stream(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr):
+    p = base + (o_o * s_o + o_i * s_i)[:, None] + o_t[None, :] * s_t
+    return tl.load(p, mask=m, other=0, eviction_policy="evict_first").to(ACC)
+
+
+@triton.jit
+def _store_tile_stream(base, b_x, o_o, o_i, o_t, T, inner, m):
+    p = base + (o_o * (T * inner) + o_i)[:, None] + o_t[None, :] * inner
+    tl.store(p, b_x.to(base.dtype.element_ty), mask=m, cache_modifier=".cs")
+
+
+@triton.jit
+def _scan_tile_enter_forward(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
+                             n_chunks, LOOKBACK: tl.constexpr):
+    b_a = tl.where(m, b_a, 1.0)
+    b_b = tl.where(m, b_b, 0.0)
+    if CUT_A:
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _scan._affine_combine)
+    else:
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _scan._affine_combine_finite_a)
+    b_h = _scan.apply_map(b_A, b_B, b_h0[:, None])
+    return b_h, _scan.edge_column(b_h, False), b_h0
+
+
+@triton.jit
+def _scan_tile_enter_fwdfake(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
+                             n_chunks, LOOKBACK: tl.constexpr):
+    # the forward scan in place of the reverse one: wrong numbers, the work a reverse scan without Triton's data
+    # reversal would do (an upper bound on what removing it can give)
+    return _scan_tile_enter_forward(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+
+
+PATCHES = {
+    "fwdfake": {"scan_tile_enter": _scan_tile_enter_fwdfake},
+    "noscan": {"scan_tile": _scan_tile_noscan, "scan_tile_enter": _scan_tile_enter_noscan},
+    "i32": {"_row_block": _row_block_i32, "_chunk_time": _chunk_time_i32},
+    "stream": {"load_tile": _load_tile_stream, "store_tile": _store_tile_stream},
+}
+
+
+def apply_variant(variant: str) -> None:
+    """Replaces the scan core's helpers named by ``variant`` in every kernel module that uses them."""
+    import rl_triton_torchrl.kernels  # noqa: F401 - every kernel module
+
+    parts = [] if variant == "base" else variant.split("_")
+    modules = [sys.modules[f"rl_triton_torchrl.kernels.{n}"] for n in (
+        "scan", "gae", "td_lambda", "vtrace", "retrace", "prefix_sum", "eligibility_traces")]
+    for part in parts:
+        for name, fn in PATCHES[part].items():
+            for module in modules:
+                if name in vars(module):
+                    setattr(module, name, fn)
+
+
+def worker(args) -> None:
+    apply_variant(args.worker)
+    from _common import copy_bandwidth, device_time_us, kernel_time_us
+    from bench_kernels import ALGOS, _tuple, check, rollout
+    from rl_triton_torchrl.kernels import reference as ref
+
+    if args.once:  # one call per algorithm and shape, nothing timed: a target for a profiler (ncu)
+        for shape in args.shapes.split(","):
+            B, T = (int(v) for v in shape.split("x"))
+            x = rollout(B, T, torch.float32, "with")
+            for algo in args.algorithms.split(","):
+                ALGOS[algo].call(x, "triton")
+        torch.cuda.synchronize()
+        return
+    bw = copy_bandwidth()
+    rows = []
+    for shape in args.shapes.split(","):
+        B, T = (int(v) for v in shape.split("x"))
+        x = rollout(B, T, torch.float32, "with")
+        for algo in args.algorithms.split(","):
+            spec = ALGOS[algo]
+            fn = lambda: spec.call(x, "triton")  # noqa: E731
+            err = None
+            if "noscan" not in args.worker and "fake" not in args.worker and B * T <= 1 << 22:
+                refs = [r for r in _tuple(_reference(ref, algo, x))]
+                err = check(fn(), refs, torch.float32)
+            us, how = device_time_us(fn, True, 3, 20)
+            k_us = kernel_time_us(fn)
+            nbytes = B * T * spec.bytes_per_element(4, "with")
+            rows.append({"variant": args.worker, "algorithm": algo, "B": B, "T": T, "device_us": us,
+                         "kernel_us": k_us, "bytes": nbytes, "bw_frac": nbytes / (us * 1e-6) / bw,
+                         "kernel_bw_frac": nbytes / (k_us * 1e-6) / bw, "err": err, "timing": how,
+                         "copy_GBps": bw / 1e9})
+            print(json.dumps(rows[-1]), flush=True)
+            torch.cuda.empty_cache()
+
+
+def _reference(ref, algo, x):
+    from bench_kernels import GAMMA, LMBDA
+
+    d = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in x.items()}
+    if algo == "gae":
+        return ref.gae_ref(d["r"], d["v"], d["nv"], d["d"], d["t"], gamma=GAMMA, lmbda=LMBDA)
+    if algo == "td_lambda":
+        return ref.td_lambda_return_ref(d["r"], d["nv"], d["d"], d["t"], gamma=GAMMA, lmbda=LMBDA)
+    if algo == "discounted_return":
+        return ref.discounted_return_ref(d["r"], d["d"], gamma=GAMMA)
+    if algo == "vtrace":
+        return ref.vtrace_ref(d["lpi"], d["lmu"], d["v"], d["nv"], d["r"], d["d"], d["t"], gamma=GAMMA)
+    raise ValueError(f"no reference wired for {algo}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--shapes", default=SHAPES, help="comma-separated BxT")
+    parser.add_argument("--algorithms", "--algos", default=ALGORITHMS)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "h200"))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--once", action="store_true", help="with --worker VARIANT: one call per cell, untimed "
+                        "(a profiler's target)")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    rows = []
+    for variant in args.variants.split(","):
+        proc = subprocess.run([sys.executable, __file__, "--worker", variant, "--shapes", args.shapes,
+                               "--algorithms", args.algorithms], capture_output=True, text=True,
+                              cwd=Path(__file__).parent)
+        got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        rows += got
+        print(f"{variant}: {len(got)} rows" + ("" if proc.returncode == 0 else f", exit {proc.returncode}: "
+                                                + proc.stderr[-2000:]), flush=True)
+    write(rows, Path(args.out))
+
+
+def write(rows, out: Path) -> None:
+    from _common import environment
+
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    env["command"] = "python benchmarks/ablate_kernels.py " + " ".join(sys.argv[1:])
+    (out / "ablate_kernels.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    cells = list(dict.fromkeys((r["algorithm"], r["B"], r["T"]) for r in rows))
+    by = {(r["variant"], r["algorithm"], r["B"], r["T"]): r for r in rows}
+    lines = ["# Kernel ablation (one stage left out or changed)", "",
+             "Generated by `benchmarks/ablate_kernels.py`; do not edit by hand.", ""]
+    lines += [f"- {k}: {v}" for k, v in env.items()]
+    lines += ["", "Per variant: device µs (do_bench, one-call graph, L2 flushed) / kernel µs (activity records, L2 "
+              "flushed) and the kernel time's fraction of the copy bandwidth. `err` > tolerance is marked wrong.", "",
+              "| algorithm | B | T | " + " | ".join(variants) + " |", "|---|---|---|" + "---|" * len(variants)]
+    for algo, B, T in cells:
+        cols = []
+        for v in variants:
+            r = by.get((v, algo, B, T))
+            if r is None:
+                cols.append("-")
+                continue
+            bad = " wrong" if r["err"] is not None and r["err"] < 0 else ""
+            cols.append(f"{r['device_us']:.1f} / {r['kernel_us']:.1f} ({100 * r['kernel_bw_frac']:.0f}%){bad}")
+        lines.append(f"| {algo} | {B} | {T} | " + " | ".join(cols) + " |")
+    (out / "ablate_kernels.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[-len(cells) - 2:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Instruction counts of the fused kernels as compiled for an H100/H200 (sm_90), on a machine without a GPU.
+
+    python tools/sass_sm90.py                                  # every algorithm at 4096 x 512 and 4096 x 8
+    python tools/sass_sm90.py --shapes 65536x128 --algorithms gae,vtrace --dump /tmp/sass
+
+Each algorithm is called on CPU tensors of the given ``[B, T, 1]`` shapes; each kernel launch is compiled instead
+of run, with the specialization Triton would give those arguments on a GPU (alignment, divisibility, constants:
+``JITFunction.warmup`` behind a stand-in driver that names sm_90), by Triton's own compiler and ``ptxas``, and the
+cubin is disassembled with the ``cuobjdump`` Triton ships. Per kernel: grid, tile, registers per thread and the
+static SASS instructions of the whole kernel by opcode (shuffles, barriers, shared-memory and global accesses).
+
+Static counts, not a profile: the chunk loop's body runs once per chunk, and nothing here says how long any of it
+waits. A cheap first look before spending GPU time (it showed Triton's reverse scans costing five butterfly
+shuffles per element and value, see ``scan_tile_enter``). Must run without TRITON_INTERPRET.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("run tools/sass_sm90.py without TRITON_INTERPRET=1 (the kernels must be JIT functions)")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from rl_triton_torchrl.kernels import scan  # noqa: E402
+
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+COUNTED = ("SHFL", "BAR", "LDS", "STS", "LDG", "STG", "FFMA", "FMUL", "FSEL", "ISETP", "IMAD")
+
+
+class _Sm90Driver:
+    """Enough of Triton's driver for ``JITFunction.warmup`` to compile for sm_90 without a GPU."""
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def sass_of(compiled) -> tuple[str, str]:
+    """(SASS listing, resource usage) of a ``CompiledKernel``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+        res = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+    return sass, res
+
+
+def opcodes(sass: str) -> collections.Counter:
+    ops = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if m:
+            ops[m.group(2).split(".")[0]] += 1
+    return ops
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="4096x512,4096x8", help="comma-separated BxT")
+    parser.add_argument("--algorithms", "--algos", default="gae,td_lambda,vtrace,retrace,discounted_return,"
+                        "eligibility_traces,episodic_prefix_sum")
+    parser.add_argument("--dump", help="a folder for each kernel's SASS listing")
+    args = parser.parse_args(argv)
+    driver.set_active(_Sm90Driver())
+    os.environ["TRITON_INTERPRET"] = "1"  # after the kernels were built: only lets backend="triton" take CPU tensors
+    import bench_kernels  # the benchmark's algorithm table and rollouts
+
+    compiled = []
+
+    def compile_instead(kernel):
+        def go(grid, num_warps, **kwargs):
+            compiled.append((kernel.__name__, grid, kwargs, kernel.warmup(grid=grid, num_warps=num_warps, **kwargs)))
+        return go
+
+    scan.launcher = compile_instead
+    bench_kernels.DEVICE = "cpu"
+    for shape in args.shapes.split(","):
+        B, T = (int(v) for v in shape.split("x"))
+        x = bench_kernels.rollout(B, T, torch.float32, "with")
+        for algo in args.algorithms.split(","):
+            n = len(compiled)
+            bench_kernels.ALGOS[algo].call(x, "triton")
+            for name, grid, kw, kernel in compiled[n:]:
+                sass, res = sass_of(kernel)
+                ops = opcodes(sass)
+                regs = re.findall(r"REG:(\d+)", res)
+                tile = f"{kw.get('BLOCK_R')}x{kw.get('BLOCK_T')}"
+                print(f"{algo:20s} {B}x{T:<8d} {name:32s} grid {grid[0]:<7d} tile {tile:9s} warps "
+                      f"{kernel.metadata.num_warps} regs {regs[0] if regs else '?':>3s} total {sum(ops.values()):5d} "
+                      + " ".join(f"{op} {ops[op]}" for op in COUNTED))
+                if args.dump:
+                    Path(args.dump).mkdir(parents=True, exist_ok=True)
+                    (Path(args.dump) / f"{algo}_{B}x{T}_{name}.sass").write_text(sass)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
