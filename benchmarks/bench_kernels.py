@@ -31,7 +31,8 @@ no ``terminated`` flag (discounted return, eligibility traces, prefix sums) run 
 as truncation ``n/a``.
 
 Per cell: device time (``triton.testing.do_bench`` median of a replayed one-call CUDA graph, L2 flushed; code that
-synchronises with the host is timed as called), device time per call back to back in a CUDA graph (ours only),
+synchronises with the host is timed as called), ours also as the kernels' own duration (``kernel_us``: the GPU's
+activity records through ``torch.profiler``, L2 flushed, no launch counted) and per call back to back in a CUDA graph,
 host wall time per call, the bytes the algorithm must move (each input read once, each output written once), and
 the fraction of the device-to-device copy bandwidth measured in the same run, as is an empty kernel's device time.
 
@@ -67,7 +68,9 @@ import triton.language as tl  # noqa: E402
 from torchrl.objectives.value import functional as trl  # noqa: E402
 
 import baselines  # noqa: E402
-from _common import RESULTS, copy_bandwidth, device_time_us, environment, graph_time_us, wall_time_us  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS, copy_bandwidth, device_time_us, environment, graph_time_us, kernel_time_us, wall_time_us,
+)
 from rl_triton_torchrl import kernels as K  # noqa: E402
 from rl_triton_torchrl.kernels import scan  # noqa: E402
 
@@ -198,7 +201,8 @@ def empty_kernel_times(args) -> dict:
     if DEVICE != "cuda":
         return {"empty_kernel_us": wall_time_us(fn, 20), "empty_kernel_graph_us": None}
     us, _ = device_time_us(fn, True, args.warmup_ms, args.rep_ms)
-    return {"empty_kernel_us": us, "empty_kernel_graph_us": graph_time_us(fn, 20, 5)}
+    return {"empty_kernel_us": us, "empty_kernel_graph_us": graph_time_us(fn, 20, 5),
+            "empty_kernel_kernel_us": kernel_time_us(fn)}
 
 
 class Impls:
@@ -286,6 +290,8 @@ def bench_impl(row, fn, impl, x, refs, dtype, args):
             row["device_us"], row["device_timing"] = device_time_us(lambda: fn(x), impl in CAPTURABLE,
                                                                     args.warmup_ms, args.rep_ms)
             row["graph_us"] = graph_time_us(lambda: fn(x), 10, 5) if impl == "ours_triton" else None
+            if impl == "ours_triton":  # the kernels alone (no launch of any kind), from the GPU's activity records
+                row["kernel_us"] = kernel_time_us(lambda: fn(x))
             row["wall_us"] = wall_time_us(lambda: fn(x), None, args.wall_budget_s)
         else:  # a smoke run: Triton through its interpreter, only host wall time exists
             row["device_us"], row["device_timing"] = wall_time_us(lambda: fn(x), 3), "host wall (no GPU)"

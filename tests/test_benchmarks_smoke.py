@@ -136,4 +136,18 @@ def test_report_reads_the_previous_format(bench_modules, tmp_path):
     assert ("| GAE at 4096 x 128 and 4096 x 32: ≤ 5 µs device time | 1 | 0 | gae 4096x32 float32 with (6.88 µs) |"
             in text)
     assert "not evaluated: this run has no empty-kernel measurement" in text
-    assert "| 4096 | 32 | 6.88 | 0.68 | 10.2 | 10% | 166 | 692 (101x) | ✗ ≤5 µs: 6.88 µs |" in text
+    assert "| 4096 | 32 | 6.88 | - | 0.68 | 10.2 | 10% | 166 | 692 (101x) | ✗ ≤5 µs: 6.88 µs |" in text
+
+
+def test_report_judges_small_gae_on_kernel_time(bench_modules, tmp_path):
+    """With the kernel's own duration measured, the ≤ 5 µs target reads it, and says both times."""
+    _, _, report = bench_modules
+    env = {"gpu": "NVIDIA H200", "copy_bandwidth_GBps": 4273.0, "empty_kernel_us": 3.9}
+    rows = [{"algorithm": "gae", "impl": "ours_triton", "B": 4096, "T": 32, "dtype": "float32", "truncation": "with",
+             "bytes": 2883584, "limit_us": 0.675, "status": "ok", "device_us": 7.0, "kernel_us": 3.5,
+             "device_timing": "graph", "graph_us": 2.6, "wall_us": 60.0, "bw_fraction": 0.096}]
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps({"environment": env, "rows": rows}))
+    text = report.write_report(path, with_plots=False).read_text()
+    assert "| 4096 | 32 | 7.00 | 3.50 | 0.68 |" in text
+    assert "✓ ≤5 µs: kernel 3.50 µs (one-call graph 7.00 µs)" in text
