@@ -20,6 +20,7 @@ __all__ = [
 ]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TENSOR, _BOOL, _STRIDED = torch.Tensor, torch.bool, torch.strided
 BACKENDS = ("auto", "triton", "torch")
 BACKEND_ENV = "RL_TRITON_TORCHRL_BACKEND"
 # Layouts already built, by (shape, time_dim, dtype, device): a call reuses its shape's layout and the values cached
@@ -246,11 +247,11 @@ def _uniform_layout(time_dim, floats: dict, flags: dict, optional: tuple) -> Lay
     dense ``torch.Tensor`` of its shape and device (or None where optional), the floats of its float dtype, the
     flags bool, an int ``time_dim`` in range. None for any other call: ``_checked_layout`` then names the culprit."""
     ref = next(iter(floats.values()), None)
-    if (type(ref) is not torch.Tensor or type(time_dim) is not int or ref.dtype not in FLOAT_DTYPES
-            or ref.layout != torch.strided):
+    if (type(ref) is not _TENSOR or type(time_dim) is not int or ref.dtype not in FLOAT_DTYPES
+            or ref.layout is not _STRIDED):
         return None
     shape, device = ref.shape, ref.device
-    for inputs, dtype in ((floats, ref.dtype), (flags, torch.bool)):
+    for inputs, dtype in ((floats, ref.dtype), (flags, _BOOL)):
         for name, x in inputs.items():
             if x is ref:
                 continue
@@ -258,8 +259,9 @@ def _uniform_layout(time_dim, floats: dict, flags: dict, optional: tuple) -> Lay
                 if name in optional:
                     continue
                 return None
-            if (type(x) is not torch.Tensor or x.dtype != dtype or x.shape != shape or x.device != device
-                    or x.layout != torch.strided):
+            # (dtypes and layouts are singletons)
+            if (type(x) is not _TENSOR or x.dtype is not dtype or x.layout is not _STRIDED or x.shape != shape
+                    or x.device != device):
                 return None
     ndim = len(shape)
     if not -ndim <= time_dim < ndim:  # a 0-d input fails this too
