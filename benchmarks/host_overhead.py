@@ -8,13 +8,14 @@ Prints one JSON line. Per call (host wall time, calls back to back, device drain
 
 - ``gae_call_us``: the public ``gae`` call (GPU only);
 - ``ours_python_us``: the same with the compiled kernel's own launcher (``CompiledKernel.run``, Triton's C launcher)
-  replaced by a no-op: our validation, views, output allocation, argument building and the lean launch's
-  bookkeeping (``kernels/_launcher.py``), all that is ours of a call;
+  replaced by a no-op: our validation, views, output allocation, and the launch plan's key and replay
+  (``scan.launch``; ``kernels/_launcher.py``), all that is ours of a call. ``gae_call_us - ours_python_us`` is
+  Triton's C launcher as the plans call it (pointers passed as ints);
 - ``parts_us``: pieces of it timed alone on the same inputs: ``check_inputs``, both ``check_coef``,
-  ``resolve_backend``, one ``rows_strides``, and the allocation of the two outputs;
+  ``resolve_backend``, one ``rows_strides``, and the allocation of the two outputs (``scan.new_outputs``);
 - ``triton_launch_us``: a bare ``kernel[grid](**kwargs)`` with the arguments prepared once (Triton's launch path);
-- ``lean_launch_us``: the same launch through ``kernels._launcher`` (compiled kernel reused), reported only if its
-  outputs equal the plain launch's (``lean_launch_ok``);
+- ``lean_launch_us``: the same launch through ``kernels._launcher`` (compiled kernel reused, tensors passed),
+  reported only if its outputs equal the plain launch's (``lean_launch_ok``);
 - ``device_us``: the kernel's device time.
 
 With ``--device cpu`` the kernels would run in Triton's interpreter, so only the Python rows are measured (on CPU
@@ -48,7 +49,7 @@ import torch  # noqa: E402
 
 from _common import device_time_us, environment, wall_time_us  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
-from rl_triton_torchrl.kernels import _launcher, _utils, gae  # noqa: E402
+from rl_triton_torchrl.kernels import _launcher, _utils, gae, scan  # noqa: E402
 
 gae_module = sys.modules["rl_triton_torchrl.kernels.gae"]
 
@@ -113,8 +114,7 @@ def parts_us(r, v, nv, d, time_us) -> dict:
             lambda: (_utils.check_coef("gamma", 0.99, layout), _utils.check_coef("lmbda", 0.95, layout))),
         "resolve_backend": time_us(lambda: _utils.resolve_backend("auto", layout.device, r, v, nv, 0.99, 0.95, None)),
         "rows_strides": time_us(lambda: _utils.rows_strides(r, layout)),
-        "outputs": time_us(
-            lambda: [torch.empty(layout.shape, dtype=layout.dtype, device=layout.device) for _ in range(2)]),
+        "outputs": time_us(lambda: scan.new_outputs(layout, 2)),
     }
 
 
