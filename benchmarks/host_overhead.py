@@ -7,13 +7,15 @@ Prints one JSON line. Per call (host wall time, calls back to back, device drain
 ``--repeats`` measurements, to leave out most of the noise of other processes):
 
 - ``gae_call_us``: the public ``gae`` call (GPU only);
-- ``ours_python_us``: the same with the kernel launch replaced by a no-op: our validation, views, argument building
-  and output allocation;
+- ``ours_python_us``: the same with the compiled kernel's own launcher (``CompiledKernel.run``, Triton's C launcher)
+  replaced by a no-op: our validation, views, output allocation, and the launch plan's key and replay
+  (``scan.launch``; ``kernels/_launcher.py``), all that is ours of a call. ``gae_call_us - ours_python_us`` is
+  Triton's C launcher as the plans call it (pointers passed as ints);
 - ``parts_us``: pieces of it timed alone on the same inputs: ``check_inputs``, both ``check_coef``,
-  ``resolve_backend``, one ``rows_strides``, and the allocation of the two outputs;
+  ``resolve_backend``, one ``rows_strides``, and the allocation of the two outputs (``scan.new_outputs``);
 - ``triton_launch_us``: a bare ``kernel[grid](**kwargs)`` with the arguments prepared once (Triton's launch path);
-- ``lean_launch_us``: the same launch through ``kernels._launcher`` (compiled kernel reused), reported only if its
-  outputs equal the plain launch's (``lean_launch_ok``);
+- ``lean_launch_us``: the same launch through ``kernels._launcher`` (compiled kernel reused, tensors passed),
+  reported only if its outputs equal the plain launch's (``lean_launch_ok``);
 - ``device_us``: the kernel's device time.
 
 With ``--device cpu`` the kernels would run in Triton's interpreter, so only the Python rows are measured (on CPU
@@ -46,7 +48,8 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 from _common import device_time_us, environment, wall_time_us  # noqa: E402
-from rl_triton_torchrl.kernels import _launcher, _utils, gae  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+from rl_triton_torchrl.kernels import _launcher, _utils, gae, scan  # noqa: E402
 
 gae_module = sys.modules["rl_triton_torchrl.kernels.gae"]
 
@@ -56,24 +59,48 @@ def timer(calls: int, repeats: int):
     return lambda fn: min(wall_time_us(fn, calls) for _ in range(repeats))
 
 
-class _Capture:
-    """Stands in for the kernel: records the grid and arguments of a launch, launches nothing."""
+class _NoLaunch:
+    """Stands in for a ``CompiledKernel`` whose launcher does nothing; records the plain call that "compiled" it."""
 
-    def __getitem__(self, grid):
-        def launch(**kwargs):
-            self.grid, self.kwargs = grid, kwargs
-        return launch
+    function = 1
+    packed_metadata = (4, 1, 0)
+
+    def run(self, *args):
+        pass
+
+    def compile(self, *args, grid, warmup, **kwargs):
+        """What ``JITFunction.run`` is replaced with: keeps the grid and arguments, returns this kernel."""
+        self.grid, self.kwargs = grid, kwargs
+        return self
+
+
+class _Driver:
+    """Triton's driver on a machine without a GPU: device 0, stream 0."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 0
 
 
 def python_only_us(call, time_us) -> tuple[float, tuple, dict]:
-    """Wall time of ``call`` with the GAE kernel replaced by ``_Capture``; (us, grid, launch kwargs)."""
-    real, capture = gae_module._gae_fwd_kernel, _Capture()
-    gae_module._gae_fwd_kernel = capture
+    """Wall time of ``call`` with the GAE kernel's compiled launcher replaced by ``_NoLaunch``: a ``JITFunction`` of
+    the same kernel, "compiled" by ``_NoLaunch.compile``, so that calls take the lean launch path as they do on a
+    GPU (on the CPU, on a stand-in driver). Returns (us, grid, launch kwargs)."""
+    real, stand_in = gae_module._gae_fwd_kernel, _NoLaunch()
+    jit = JITFunction(real.fn)  # a compiled-kind JITFunction even under TRITON_INTERPRET=1
+    jit.run = stand_in.compile
+    active = _launcher.driver._active
+    gae_module._gae_fwd_kernel = jit
+    if not torch.cuda.is_available():
+        _launcher.driver._active = _Driver()
     try:
         us = time_us(call)
     finally:
         gae_module._gae_fwd_kernel = real
-    return us, capture.grid, capture.kwargs
+        _launcher.driver._active = active
+    return us, stand_in.grid, stand_in.kwargs
 
 
 def parts_us(r, v, nv, d, time_us) -> dict:
@@ -87,8 +114,7 @@ def parts_us(r, v, nv, d, time_us) -> dict:
             lambda: (_utils.check_coef("gamma", 0.99, layout), _utils.check_coef("lmbda", 0.95, layout))),
         "resolve_backend": time_us(lambda: _utils.resolve_backend("auto", layout.device, r, v, nv, 0.99, 0.95, None)),
         "rows_strides": time_us(lambda: _utils.rows_strides(r, layout)),
-        "outputs": time_us(
-            lambda: [torch.empty(layout.shape, dtype=layout.dtype, device=layout.device) for _ in range(2)]),
+        "outputs": time_us(lambda: scan.new_outputs(layout, 2)),
     }
 
 

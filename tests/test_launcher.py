@@ -259,6 +259,46 @@ def test_plain_path_cases(recorder, monkeypatch, case):
     assert len(plain) == 2 + (case == "changed-global")
 
 
+def test_settings(recorder, monkeypatch):
+    """What a lean launch depends on besides its arguments; None while every launch takes the plain path."""
+    lean, _, _ = recorder
+    settings = lean.settings()
+    assert settings is not None and settings[0] == 0  # the stand-in driver's current device
+    with monkeypatch.context() as m:
+        m.setattr(_launcher, "LEAN_LAUNCH", False)
+        assert lean.settings() is None
+    with monkeypatch.context() as m:
+        _add_enter_hook(m)
+        assert lean.settings() is None
+    with monkeypatch.context() as m:
+        m.setattr(lean.kernel, "pre_run_hooks", [lambda *a, **k: None])
+        assert lean.settings() is None
+    scope = {"G": 1}
+    monkeypatch.setattr(lean.kernel, "used_global_vals", {("G", id(scope)): (1, scope)})
+    assert lean.settings() == settings
+    scope["G"] = 2
+    assert lean.settings() is None
+
+
+def test_compiled_for_and_replay(recorder):
+    """``compiled_for`` finds the compiled kernel a launch remembered; ``replay`` launches it on the current stream
+    with the arguments as given (pointers as ints here), as a lean launch does."""
+    lean, plain, compiled = recorder
+    args, settings = _args(), lean.settings()
+    assert lean.compiled_for(settings, 4, args) is None  # nothing launched yet
+    lean((3,), 4, **args)
+    hit = lean.compiled_for(settings, 4, _args())  # other tensors, same key
+    assert hit is not None and hit.kernel is compiled
+    assert lean.compiled_for(settings, 8, args) is None  # another num_warps
+    assert lean.compiled_for(settings, 4, {**args, "num_stages": 2}) is None  # an option: not a lean launch
+    assert lean.compiled_for(settings, 4, {**args, "alpha": (1,)}) is None  # a type the key refuses
+    ints = tuple(args[n].data_ptr() if isinstance(args[n], torch.Tensor) else args[n]
+                 for n in lean.specializer.names)
+    _launcher.replay(hit, (3, 2), 0, ints)
+    assert compiled.launches == [(3, 2, 1, 77, compiled.function, compiled.packed_metadata, None, None, None, *ints)]
+    assert len(plain) == 1
+
+
 def test_launcher_is_cached_per_kernel():
     kernel = _jit()
     assert launcher(kernel) is launcher(kernel)

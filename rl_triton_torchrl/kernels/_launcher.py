@@ -26,6 +26,11 @@ missing parameters or extra compile options, a pre-run hook on the kernel, a lau
 ``triton.knobs.runtime`` (profilers), a changed global the kernel reads (Triton raises), and anything unexpected,
 such as an attribute missing in another Triton version. ``RL_TRITON_TORCHRL_LEAN_LAUNCH=0`` (or ``LEAN_LAUNCH =
 False``) sends every call down the plain path.
+
+A caller that prepares its arguments itself (``scan.launch``'s launch plans) uses the pieces: ``settings()`` (None
+while every launch must take the plain path), ``compiled_for`` (the compiled kernel remembered for arguments just
+launched) and ``replay`` (the launch itself; pointer arguments may be passed as ``data_ptr()`` ints, which Triton's C
+launcher takes without asking the driver about them).
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ try:
 except ImportError:  # another Triton: every call takes the plain path
     knobs = driver = JITFunction = None
 
-__all__ = ["LEAN_LAUNCH", "Launcher", "Specializer", "launcher"]
+__all__ = ["LEAN_LAUNCH", "Launcher", "Specializer", "launcher", "replay"]
 
 # Debugging aid: False sends every launch through ``kernel[grid]``.
 LEAN_LAUNCH = os.environ.get("RL_TRITON_TORCHRL_LEAN_LAUNCH", "1") != "0"
@@ -166,14 +171,14 @@ class Launcher:
         ``kernel[grid]`` returns (the compiled kernel, or None under the interpreter)."""
         key = None
         try:
-            if LEAN_LAUNCH and self.specializer is not None and not callable(grid) and self._launch_is_plain():
-                args = tuple(map(kwargs.__getitem__, self.specializer.names))  # KeyError: a parameter not named
-                if len(args) == len(kwargs):  # else extra options: the plain path
-                    device = driver.active.get_current_device()
-                    key = self.key(device, num_warps, args)
+            settings = None if callable(grid) else self.settings()
+            if settings is not None:
+                args = self.args(kwargs)
+                if args is not None:
+                    key = self.key(settings, num_warps, args)
                     hit = self.compiled.get(key)
-                    if hit is not None and self._globals_unchanged():
-                        _launch(hit, grid, device, args)
+                    if hit is not None:
+                        replay(hit, grid, settings[0], args)
                         return hit.kernel
         except Exception:  # noqa: BLE001 - anything unexpected: the plain path (which raises Triton's own error)
             key = None
@@ -182,10 +187,38 @@ class Launcher:
             self._remember(key, compiled)
         return compiled
 
-    def key(self, device: int, num_warps: int, args: tuple) -> tuple:
-        """The cache key of a launch with ``args`` (every parameter, in order) on ``device``."""
-        return (device, num_warps, self.kernel.debug, knobs.runtime.debug, knobs.compilation.instrumentation_mode,
-                *self.specializer.key(args))
+    def settings(self) -> tuple | None:
+        """What a lean launch depends on besides its arguments, if one may run now: (current device, the kernel's
+        and Triton's debug settings, Triton's instrumentation mode). None where every launch takes the plain path
+        now: ``LEAN_LAUNCH`` off, not a ``JITFunction``, a hook set, a changed global, or anything unexpected."""
+        try:
+            if LEAN_LAUNCH and self.specializer is not None and self._launch_is_plain() and self._globals_unchanged():
+                return (driver.active.get_current_device(), self.kernel.debug, knobs.runtime.debug,
+                        knobs.compilation.instrumentation_mode)
+        except Exception:  # noqa: BLE001 - e.g. an attribute missing in another Triton: the plain path
+            pass
+        return None
+
+    def args(self, kwargs: dict) -> tuple | None:
+        """``kwargs`` as every parameter in order; None if one is missing or ``kwargs`` holds more (options)."""
+        try:
+            args = tuple(map(kwargs.__getitem__, self.specializer.names))
+        except KeyError:
+            return None
+        return args if len(args) == len(kwargs) else None
+
+    def key(self, settings: tuple, num_warps: int, args: tuple) -> tuple:
+        """The cache key of a launch with ``args`` (every parameter, in order) under ``settings``."""
+        return (settings, num_warps, *self.specializer.key(args))
+
+    def compiled_for(self, settings: tuple, num_warps: int, kwargs: dict) -> _Compiled | None:
+        """The compiled kernel remembered for a launch with ``kwargs`` under ``settings``, if any: what a caller
+        that launched these arguments once may launch again with ``replay``, with other data of the same key."""
+        try:
+            args = self.args(kwargs)
+            return None if args is None else self.compiled.get(self.key(settings, num_warps, args))
+        except Exception:  # noqa: BLE001 - an argument the key cannot describe: not remembered
+            return None
 
     def _launch_is_plain(self) -> bool:
         """Whether Triton's launch adds nothing to the compiled kernel's: no pre-run hook, idle launch hooks."""
@@ -211,8 +244,9 @@ class Launcher:
         self.compiled[key] = entry
 
 
-def _launch(hit: _Compiled, grid, device: int, args: tuple) -> None:
-    """``CompiledKernel.run`` on the current stream, as ``JITFunction.run`` calls it when no launch hook is set."""
+def replay(hit: _Compiled, grid, device: int, args: tuple) -> None:
+    """``CompiledKernel.run`` on the current stream, as ``JITFunction.run`` calls it when no launch hook is set.
+    A pointer argument may be a tensor or its ``data_ptr()`` (Triton's C launcher takes either)."""
     n = len(grid)
     hit.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, driver.active.get_current_stream(device),
             hit.function, hit.packed_metadata, None, None, None, *args)

@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import os
+from typing import Callable, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ._launcher import launcher
-from ._utils import Layout, check_inputs, resolve_backend, rows_strides
+from ._launcher import launcher, replay
+from ._utils import Layout, check_inputs, is_cached, resolve_backend, rows_strides
 
 __all__ = ["linear_scan", "torch_linear_scan", "launch_config"]
 
@@ -400,20 +402,62 @@ def triton_dtype(dtype: torch.dtype):
 
 
 def new_outputs(layout: Layout, n: int) -> list[torch.Tensor]:
-    """``n`` contiguous output tensors of the input shape and dtype (strides ``(T * inner, inner, 1)``)."""
-    new = torch.full if POISON_OUTPUTS else torch.empty
-    fill = (float("nan"),) if POISON_OUTPUTS else ()
-    return [new(layout.shape, *fill, dtype=layout.dtype, device=layout.device) for _ in range(n)]
+    """``n`` contiguous output tensors of the input shape and dtype (strides ``(T * inner, inner, 1)``), each an
+    allocation of its own.
+
+    Each is ``torch.empty_like`` of a stride-0 view of one element kept per layout (``_output_like``): the same
+    tensor as ``torch.empty`` of the shape, dtype and device, for about half the host time (no parsing of them).
+    """
+    if POISON_OUTPUTS:
+        return [torch.full(layout.shape, float("nan"), dtype=layout.dtype, device=layout.device) for _ in range(n)]
+    like = _output_like(layout)
+    if like is None:
+        return [torch.empty(layout.shape, dtype=layout.dtype, device=layout.device) for _ in range(n)]
+    return [torch.empty_like(like, memory_format=torch.contiguous_format) for _ in range(n)]
+
+
+# For new_outputs, by layout id: (the layout, kept alive so that its id is not reused; one element of its dtype on its
+# device, viewed with stride 0 as its shape). Cleared when full.
+_OUTPUT_LIKE: dict[int, tuple[Layout, torch.Tensor]] = {}
+_MAX_OUTPUT_LIKE = 256
+
+
+def _output_like(layout: Layout) -> torch.Tensor | None:
+    """The stride-0 tensor ``new_outputs`` allocates like, or None for a layout not kept for later calls
+    (``is_cached``), while torch.compile traces, or while a CUDA graph is captured (nothing is kept from a
+    capture's memory pool)."""
+    if torch.compiler.is_compiling():
+        return None
+    entry = _OUTPUT_LIKE.get(id(layout))
+    if entry is not None and entry[0] is layout:
+        return entry[1]
+    if not is_cached(layout) or (layout.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return None
+    like = torch.empty((), dtype=layout.dtype, device=layout.device).expand(layout.shape)
+    if len(_OUTPUT_LIKE) >= _MAX_OUTPUT_LIKE:
+        _OUTPUT_LIKE.clear()
+    _OUTPUT_LIKE[id(layout)] = layout, like
+    return like
 
 
 def state_buffers(layout: Layout, initial_state, output_final_state: bool):
     """(initial state as a contiguous [rows] tensor or None, final-state output [rows] or None)."""
     h0 = None if initial_state is None else initial_state.reshape(-1).contiguous()
-    ht = None
-    if output_final_state:
-        ht = torch.full((layout.rows,), float("nan") if POISON_OUTPUTS else 0.0, dtype=layout.acc_dtype,
-                        device=layout.device)
-    return h0, ht
+    return h0, (_final_state_buffer(layout) if output_final_state else None)
+
+
+def _final_state_buffer(layout: Layout) -> torch.Tensor:
+    """The final-state output ``[rows]`` in the accumulation dtype: zeros (NaN with ``POISON_OUTPUTS``)."""
+    return torch.full((layout.rows,), float("nan") if POISON_OUTPUTS else 0.0, dtype=layout.acc_dtype,
+                      device=layout.device)
+
+
+def flag_constexprs(inputs: dict, constexprs: dict) -> dict:
+    """``constexprs`` plus ``SAME_FLAGS`` for a kernel with inputs ``d`` and ``term``: whether one tensor is both
+    (then read once). A constexpr, so also part of a launch plan's key."""
+    if "d" in inputs and "term" in inputs:
+        return {**constexprs, "SAME_FLAGS": inputs["d"] is inputs["term"]}
+    return constexprs
 
 
 def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict | None = None,
@@ -428,19 +472,50 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     ``SAME_FLAGS`` (constexpr) for a kernel with inputs ``d`` and ``term``: both are the same tensor.
     ``finite_a``: the kernel's a_t are finite whenever its coefficients are numbers (built from flags and them),
     so that the scan may skip cutting a (``CUT_A``).
+
+    A call whose structure (``_plan_key``) launched before replays that launch's plan (``_LaunchPlan``): the
+    arguments computed then, with this call's data pointers and numbers, launched on the compiled kernel that
+    ``_launcher`` found for them. Plans are built for layouts kept for later calls only (``is_cached``), and never
+    while every launch takes the plain path (``_launcher.Launcher.settings``: ``RL_TRITON_TORCHRL_LEAN_LAUNCH=0``,
+    the interpreter, launch hooks, ...).
     """
-    kwargs = {}
-    if "d" in inputs and "term" in inputs:  # one tensor as both done and terminated flags is read once
-        kwargs["SAME_FLAGS"] = inputs["d"] is inputs["term"]
+    constexprs = flag_constexprs(inputs, constexprs)
+    lean = launcher(kernel)
+    settings = lean.settings()  # None: every launch of the kernel takes the plain path now (no plan either)
+    key = ptrs = None
+    if settings is not None:
+        cvals = tuple(coefs.values()) if coefs else ()
+        key, ptrs = _plan_key(settings, kernel, layout, inputs, outputs, coefs, cvals, initial_state,
+                              output_final_state, finite_a, constexprs)
+        try:
+            plan = None if key is None else _PLANS.get(key)
+        except TypeError:  # an unhashable constexpr: never planned
+            key = plan = None
+        if plan is not None:
+            try:
+                done, ht = plan.launch(settings[0], layout, ptrs, cvals)
+            except Exception:  # noqa: BLE001 - anything unexpected: the plain way below (which raises if it must)
+                done = False
+            if done:
+                return ht
+    kwargs, slots, numbers = {}, [], []  # slots: the parameters that change from call to call, in _plan_key order
     for name, x in inputs.items():
         p_x, p_o, p_t, p_i, _ = _param_names(name)
         kwargs[p_x], (kwargs[p_o], kwargs[p_t], kwargs[p_i]) = rows_strides(x, layout)
-    all_numbers = True
-    for name, c in (coefs or {}).items():
+        slots.append(p_x)
+    for name, y in outputs.items():
+        kwargs[_param_names(name)[0]] = y
+        slots.append(_param_names(name)[0])
+    all_numbers, number_slots = True, []
+    for i, (name, c) in enumerate((coefs or {}).items()):
         p_c, p_o, p_t, p_i, p_tensor = _param_names(name)
         if not isinstance(c, torch.Tensor) and layout.acc_dtype == torch.float64:
             # Triton passes Python floats as float32: keep float64 exact by reading the value from memory.
+            numbers.append((i, True))
+            number_slots.append(p_c)
             c = torch.full((), c, dtype=torch.float64, device=layout.device)
+        elif isinstance(c, torch.Tensor):
+            slots.append(p_c)
         if isinstance(c, torch.Tensor):
             kwargs[p_c], (kwargs[p_o], kwargs[p_t], kwargs[p_i]) = rows_strides(c.to(layout.device), layout)
             kwargs[name], kwargs[p_tensor] = 0.0, True
@@ -448,24 +523,153 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         else:
             # float32 has no normal number below 2**-126 (the GPU flushes subnormals to zero), and Triton's
             # interpreter would type such an argument as float64: pass it as the zero it is in float32 arithmetic
-            kwargs[name] = 0.0 if abs(c) < 2.0**-126 else c
+            kwargs[name] = 0.0 if abs(c) < _FLOAT32_TINY else c
             kwargs[p_c], kwargs[p_o], kwargs[p_t], kwargs[p_i], kwargs[p_tensor] = None, 0, 0, 0, False
-    for name, y in outputs.items():
-        kwargs[_param_names(name)[0]] = y
+            numbers.append((i, False))
+            number_slots.append(name)
     h0, ht = state_buffers(layout, initial_state, output_final_state)
+    slots += ["h0_ptr"] * (h0 is not None) + number_slots + ["ht_ptr"] * (ht is not None)
     cfg = dict(launch_config(layout))
     grid, num_warps = cfg.pop("grid"), cfg.pop("num_warps")
     lb = None
     if cfg["LOOKBACK"]:  # the ticket counter and three status words per chunk, all zero
         lb = torch.zeros(1 + 3 * grid[0], dtype=torch.int64, device=layout.device)
-    launcher(kernel)(
-        grid, num_warps,
+        slots.append("lb_ptr")
+    kwargs = dict(
         **kwargs, h0_ptr=h0, ht_ptr=ht, lb_ptr=lb, HAS_INITIAL_STATE=h0 is not None,
         STORE_FINAL_STATE=output_final_state, n_rows=layout.rows, inner=layout.inner, T=layout.T,
         ACC=triton_dtype(layout.acc_dtype),
         CUT_A=not (finite_a and all_numbers), **cfg, **constexprs,
     )
+    lean(grid, num_warps, **kwargs)
+    if key is not None and key not in _PLANS and is_cached(layout):
+        plan = _LaunchPlan.of(lean, settings, layout, grid, num_warps, kwargs, slots, ptrs, numbers)
+        if plan is not False:  # False: no compiled kernel to replay yet (the next call tries again)
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
     return None if ht is None else ht.reshape(layout.state_shape)
+
+
+# Launch plans by _plan_key; None for a structure that is never replayed. Cleared when full (the next call of a
+# forgotten structure builds its plan again).
+_PLANS: dict = {}
+_MAX_PLANS = 256
+_FLOAT32_TINY = 2.0**-126  # the smallest normal float32
+_DATA_PTR = torch.Tensor.data_ptr
+_STRIDE = torch.Tensor.stride
+_SHAPE = operator.attrgetter("shape")
+_POINTER_FACTS = operator.attrgetter("dtype", "is_cuda")
+_VIEW_FACTS = operator.attrgetter("shape", "dtype", "device")
+
+
+def _config_key() -> tuple:
+    """What ``launch_config`` reads besides the layout (tests and sweeps change these constants)."""
+    return (MAX_BLOCK_T, TILE_ELEMENTS, LOOKBACK_MIN_T, LOOKBACK_MAX_ROWS, LOOKBACK_BLOCK_T, LOOKBACK_WARPS,
+            LOOKBACK_WINDOW, SHORT_T, SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS,
+            torch.are_deterministic_algorithms_enabled())
+
+
+def _plan_key(settings: tuple, kernel, layout: Layout, inputs: dict, outputs: dict, coefs: dict | None,
+              cvals: tuple, initial_state, output_final_state, finite_a, constexprs: dict):
+    """(key of the call's plan, the data pointers of its tensors), or (None, None) for a call never planned.
+
+    The key holds everything ``launch`` computes the kernel's arguments from, except the tensors' data and the
+    float coefficients' values: the launcher's settings (current device included), the kernel and the layout (by
+    id: a plan keeps both alive), the names of the inputs, outputs and coefficients, each coefficient's type, the
+    shape and strides of each input, the dtype and whether on CUDA of each tensor (the outputs too), the shape,
+    strides, dtype and device of each tensor coefficient and of ``initial_state`` (moved or copied where they
+    differ), which pointers are not 16-byte aligned (their low four bits), the flags and constexprs, and
+    ``launch_config``'s constants. The tensors, in the order of the pointers: the inputs, the outputs, the tensor
+    coefficients, ``initial_state``. A coefficient neither a float nor a tensor (an int, which Triton would
+    specialize on its value; a numpy scalar) is never planned.
+    """
+    xs, ctypes = tuple(inputs.values()), tuple(map(type, cvals))
+    others = ()  # the tensor coefficients and the initial state: rare, keyed in full
+    if ctypes.count(float) != len(ctypes) or initial_state is not None:
+        others = (*[c for c in cvals if type(c) is not float], *(() if initial_state is None else (initial_state,)))
+    tensors = (*xs, *outputs.values(), *others)
+    try:
+        ptrs = tuple(map(_DATA_PTR, tensors))
+        low_bits = any(map((15).__and__, ptrs)) and tuple(map((15).__and__, ptrs))
+        key = (settings, id(kernel), id(layout), tuple(inputs), tuple(outputs), tuple(coefs or ()), ctypes,
+               tuple(map(_SHAPE, xs)), tuple(map(_STRIDE, xs)), tuple(map(_POINTER_FACTS, tensors)),
+               others and (tuple(map(_VIEW_FACTS, others)), tuple(map(_STRIDE, others))), low_bits,
+               initial_state is None, output_final_state, finite_a, tuple(constexprs.items()), _config_key())
+    except (TypeError, AttributeError, RuntimeError):  # not a tensor, or a tensor without data (torch.compile's)
+        return None, None
+    return key, ptrs
+
+
+class _LaunchPlan(NamedTuple):
+    """A launch prepared by ``launch`` once, replayed by every later call of its key (``_plan_key``).
+
+    The key fixes every argument but the data pointers and the float coefficients: ``fixed`` holds them all (None
+    for the tensors), ``order`` picks each parameter from ``(per-call values) + fixed``. The per-call values are
+    the pointers of ``_plan_key``, then per float coefficient its value (or, on float64 inputs, the pointer of a
+    float64 tensor holding it), then the pointers of the final-state and look-back buffers allocated per call.
+    Pointers are passed as ints (Triton's C launcher then skips asking the driver about each): the key holds the
+    tensors' devices, on which the launch that built the plan passed them as tensors, and their alignment; each
+    tensor passed then was the call's tensor itself or a view of it (``of``).
+    """
+
+    layout: Layout  # kept alive: its id is in the key
+    lean: object  # the kernel's Launcher, which keeps the kernel alive (its id is in the key)
+    compiled: object  # what ``replay`` launches
+    grid: tuple
+    fixed: tuple
+    order: Callable[[tuple], tuple]
+    numbers: tuple  # the indices of the float coefficients among the coefficients
+    numbers_as_tensors: bool  # float64 inputs: each float coefficient passed as a float64 tensor
+    final_state: bool
+    lookback: int | None  # size of the look-back status buffer (None: no look-back)
+
+    @classmethod
+    def of(cls, lean, settings: tuple, layout: Layout, grid, num_warps: int, kwargs: dict, slots: list, ptrs: tuple,
+           numbers: list):
+        """The plan of the launch just made with ``kwargs``; None where one cannot be replayed (a tensor copied
+        or moved to the device, a misaligned buffer), False where no compiled kernel is remembered for it (yet)."""
+        if any(kwargs[slot].data_ptr() != ptr for slot, ptr in zip(slots, ptrs)):
+            return None  # an input copied (strides that do not merge), a coefficient moved, an initial state copied
+        buffers = [kwargs[slot] for slot in slots[len(ptrs):] if isinstance(kwargs[slot], torch.Tensor)]
+        if any(b.data_ptr() & 15 for b in buffers):
+            return None
+        compiled = lean.compiled_for(settings, num_warps, kwargs)
+        if compiled is None:
+            return False
+        names = lean.specializer.names
+        index = {slot: i for i, slot in enumerate(slots)}
+        order = [index.get(name, len(slots) + j) for j, name in enumerate(names)]
+        fixed = tuple(None if isinstance(kwargs[name], torch.Tensor) else kwargs[name] for name in names)
+        lb = kwargs["lb_ptr"]
+        return cls(layout, lean, compiled, tuple(grid), fixed, operator.itemgetter(*order),
+                   tuple(i for i, _ in numbers), any(as_tensor for _, as_tensor in numbers),
+                   kwargs["ht_ptr"] is not None, None if lb is None else lb.numel())
+
+    def launch(self, device: int, layout: Layout, ptrs: tuple, cvals: tuple) -> tuple[bool, torch.Tensor | None]:
+        """Replays the launch with these pointers and coefficients: (launched, the final state or None). Not
+        launched where a buffer allocated here is misaligned (the caller then launches the plain way)."""
+        numbers = [cvals[i] for i in self.numbers]
+        if not (self.numbers_as_tensors or self.final_state or self.lookback):  # the common call: no buffers
+            numbers = [0.0 if abs(c) < _FLOAT32_TINY else c for c in numbers]
+            replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *self.fixed)))
+            return True, None
+        keep = []  # the buffers allocated here, alive until launched
+        if self.numbers_as_tensors:
+            keep += [torch.full((), c, dtype=torch.float64, device=layout.device) for c in numbers]
+            numbers = []
+        else:
+            numbers = [0.0 if abs(c) < _FLOAT32_TINY else c for c in numbers]
+        ht = _final_state_buffer(layout) if self.final_state else None
+        if ht is not None:
+            keep.append(ht)
+        if self.lookback is not None:
+            keep.append(torch.zeros(self.lookback, dtype=torch.int64, device=layout.device))
+        buffers = tuple(map(_DATA_PTR, keep))
+        if any(map((15).__and__, buffers)):
+            return False, None
+        replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *buffers, *self.fixed)))
+        return True, (None if ht is None else ht.reshape(layout.state_shape))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,604 @@
+"""Launch plans (``scan.launch``): a call whose structure launched before replays that launch's arguments with its
+own data pointers and numbers. Also the cheaper host-side pieces around it: ``new_outputs``, ``getenv`` and the
+broadcast check of coefficient tensors.
+
+On the CPU the kernels run through Triton's interpreter, which plans never serve. Here every algorithm kernel is
+replaced by a compiled-kind ``JITFunction`` of it (``StandIn``) whose "compiled kernel" runs the interpreted kernel
+on the arguments it is launched with: each pointer that a replayed launch passes as an int is read back as a tensor
+of the dtype, shape and strides that the plain launch of the same key passed in its place. Replayed outputs must
+equal the plain path's bit for bit. On the GPU the compiled kernels run, replayed and plain.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+from _algos import TABLE, as_tuple, make_rollout, state_shape
+from _helpers import DEVICE
+from rl_triton_torchrl.kernels import _launcher, _utils, scan
+from rl_triton_torchrl.kernels import gae as gae_fn
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parent.parent
+KERNEL_MODULES = ("gae", "td_lambda", "vtrace", "retrace", "prefix_sum", "scan")
+INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+needs_interpreter = pytest.mark.skipif(not INTERPRET, reason="stand-ins run the kernels through the interpreter "
+                                                             "(TRITON_INTERPRET=1, set by conftest without a GPU)")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(INT_OF_SIZE[t.element_size()]).cpu()
+
+
+def assert_identical(name: str, actual, expected):
+    """The same outputs, bit for bit (NaN included), naming the first that differs."""
+    actual, expected = as_tuple(actual), as_tuple(expected)
+    assert len(actual) == len(expected), f"{name}: {len(actual)} outputs, expected {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        assert a.dtype == e.dtype and a.shape == e.shape, f"{name}[{i}]: {a.dtype} {tuple(a.shape)} != " \
+                                                          f"{e.dtype} {tuple(e.shape)}"
+        bad = _bits(a) != _bits(e)
+        if bad.any():
+            idx = tuple(int(j) for j in bad.nonzero()[0])
+            raise AssertionError(f"{name}[{i}]: {int(bad.sum())} elements differ; first at {idx}: "
+                                 f"{a[idx].item()!r} != {e[idx].item()!r}")
+
+
+def _alias(ptr: int, dtype: torch.dtype, shape, stride) -> torch.Tensor:
+    """A CPU tensor of ``dtype``, ``shape`` and ``stride`` on the memory at ``ptr`` (owned by another tensor)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+    buffer = (ctypes.c_char * (extent * itemsize)).from_address(ptr)
+    return torch.frombuffer(buffer, dtype=dtype, count=extent).as_strided(shape, stride)
+
+
+class _Compiled:
+    """Stands in for the ``CompiledKernel`` of one plain launch: ``run`` runs the interpreted kernel."""
+
+    function = 1
+    packed_metadata = (4, 1, 0)
+
+    def __init__(self, stand_in: StandIn, kwargs: dict):
+        self.stand_in = stand_in
+        self.num_warps = kwargs["num_warps"]
+        # what the plain launch passed for each pointer: how to read back an int passed in its place
+        self.views = {k: (v.dtype, v.shape, v.stride()) for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+
+    def run(self, grid0, grid1, grid2, stream, function, metadata, launch_metadata, enter_hook, exit_hook, *args):
+        kwargs, ints = {}, False
+        for name, value in zip(self.stand_in.jit.arg_names, args):
+            if name in self.views and type(value) is int:
+                kwargs[name], ints = _alias(value, *self.views[name]), True
+            else:
+                kwargs[name] = value
+        if ints:
+            self.stand_in.replayed += 1
+        else:
+            self.stand_in.lean += 1
+        self.stand_in.interpreted[(grid0, grid1, grid2)](**kwargs, num_warps=self.num_warps)
+
+
+class StandIn:
+    """A compiled-kind ``JITFunction`` of an interpreted kernel (``jit``), "compiled" into ``_Compiled``s.
+
+    Counts launches: ``plain`` through ``kernel[grid]``, ``lean`` by the lean launcher with tensors, ``replayed``
+    by a launch plan (pointers passed as ints).
+    """
+
+    def __init__(self, interpreted):
+        self.interpreted = interpreted
+        self.jit = JITFunction(interpreted.fn)
+        self.jit.run = self._compile
+        self.plain = self.lean = self.replayed = 0
+
+    def _compile(self, *args, grid, warmup, **kwargs):
+        self.plain += 1
+        self.interpreted[grid](**kwargs)
+        return _Compiled(self, kwargs)
+
+
+class _Driver:
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 0
+
+
+class Counts:
+    """The launches of every stand-in kernel, summed."""
+
+    def __init__(self, stand_ins: list[StandIn]):
+        self.stand_ins = stand_ins
+
+    def __getattr__(self, name):
+        return sum(getattr(s, name) for s in self.__dict__["stand_ins"])
+
+    def snapshot(self) -> tuple[int, int, int]:
+        return self.plain, self.lean, self.replayed
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """An empty plan cache: the cache of this test alone."""
+    fresh = {}
+    monkeypatch.setattr(scan, "_PLANS", fresh)
+    return fresh
+
+
+@pytest.fixture
+def stand_ins(monkeypatch, plans):
+    """Every algorithm kernel replaced by a ``StandIn``, on a stand-in driver: ``Counts`` of their launches."""
+    if not INTERPRET:
+        pytest.skip("stand-ins run the kernels through the interpreter (TRITON_INTERPRET=1, set without a GPU)")
+    monkeypatch.setattr(_launcher.driver, "_active", _Driver())
+    made = []
+    for name in KERNEL_MODULES:
+        module = importlib.import_module(f"rl_triton_torchrl.kernels.{name}")
+        for attr, value in list(vars(module).items()):
+            if attr.endswith("_fwd_kernel"):
+                made.append(StandIn(value))
+                monkeypatch.setattr(module, attr, made[-1].jit)
+    return Counts(made)
+
+
+def _plain(monkeypatch, fn):
+    """``fn()`` with every launch taking the plain path (the lean launcher switched off)."""
+    with monkeypatch.context() as m:
+        m.setattr(_launcher, "LEAN_LAUNCH", False)
+        return fn()
+
+
+# case -> (make_rollout arguments, extra call arguments (a function of the rollout), patches of scan)
+CASES = {
+    "contig": ({}, lambda x: {}, {}),
+    "time-major": ({"shape": (20, 3, 2), "time_dim": 0}, lambda x: {"time_dim": 0}, {}),
+    "sliced": ({"layout": "sliced"}, lambda x: {}, {}),
+    "permuted": ({"layout": "permuted"}, lambda x: {}, {}),
+    "broadcast": ({"layout": "broadcast"}, lambda x: {}, {}),
+    "float64": ({"dtype": torch.float64}, lambda x: {}, {}),
+    "bfloat16": ({"dtype": torch.bfloat16}, lambda x: {}, {}),
+    "states": ({}, lambda x: {"initial_state": torch.randn(state_shape(x, -2)).to(DEVICE),
+                              "output_final_state": True}, {}),
+    "states-float64": ({"dtype": torch.float64},
+                       lambda x: {"initial_state": torch.randn(state_shape(x, -2), dtype=torch.float64).to(DEVICE),
+                                  "output_final_state": True}, {}),
+    "look-back": ({"shape": (2, 40, 1)}, lambda x: {"output_final_state": True},
+                  {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 16}),
+    "chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 16, "TILE_ELEMENTS": 32}),
+}
+
+
+def _coef_tensors(algo: str, kind: str) -> dict:
+    """The algorithm's coefficients as 0-d tensors, or as broadcastable tensors (per step, per row)."""
+    g = torch.Generator().manual_seed(3)
+    out = {}
+    for name, value in TABLE[algo][2].items():
+        if kind == "0-d":
+            out[name] = torch.tensor(value).to(DEVICE)
+        elif name == "gamma":
+            out[name] = (0.9 + 0.1 * torch.rand(3, 20, 2, generator=g)).to(DEVICE)
+        else:
+            out[name] = torch.full((3, 1, 1), value).to(DEVICE)
+    return out
+
+
+def _replays_equal_plain(monkeypatch, counts, algo, x, kw, calls=3, planned=True):
+    """Calls ``algo`` ``calls`` times on the lean path: the first launches plainly and builds the plan, the others
+    replay it (``planned``); every output equals the plain path's bit for bit."""
+    call, _, coefs = TABLE[algo]
+    kw = {**coefs, **kw}
+    expected = _plain(monkeypatch, lambda: call(x, backend="triton", **kw))
+    before = counts.snapshot()
+    for i in range(calls):
+        assert_identical(f"{algo} call {i}", call(x, backend="triton", **kw), expected)
+    plain, lean, replayed = (after - b for after, b in zip(counts.snapshot(), before))
+    if planned:
+        assert replayed == calls - 1 and lean == 0, f"{algo}: {plain} plain, {lean} lean, {replayed} replayed"
+    else:
+        assert replayed == 0, f"{algo}: replayed a launch that has no plan"
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_replay_equals_plain(algo, case, stand_ins, monkeypatch):
+    rollout, extra, patches = CASES[case]
+    for name, value in patches.items():
+        monkeypatch.setattr(scan, name, value)
+    rollout = {"shape": (3, 20, 2), **rollout}
+    x = make_rollout(**rollout)
+    _replays_equal_plain(monkeypatch, stand_ins, algo, x, extra(x))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("kind", ["0-d", "broadcast"])
+@pytest.mark.parametrize("algo", [a for a in TABLE if TABLE[a][2]])
+def test_replay_coefficient_tensors(algo, kind, stand_ins, monkeypatch):
+    _replays_equal_plain(monkeypatch, stand_ins, algo, make_rollout((3, 20, 2)), _coef_tensors(algo, kind))
+
+
+@needs_interpreter
+def test_replay_reads_each_calls_data(stand_ins, monkeypatch):
+    """A replay launches on the call's own tensors and numbers: other data, other coefficients, new outputs."""
+    call, _, _ = TABLE["gae"]
+    for seed, gamma, lmbda in ((0, 0.97, 0.9), (1, 0.5, 0.2), (2, 1.0, 0.0), (3, 1e-40, 1.0)):
+        x = make_rollout((3, 20, 2), seed=seed)
+        expected = _plain(monkeypatch, lambda: call(x, backend="triton", gamma=gamma, lmbda=lmbda))
+        first = call(x, backend="triton", gamma=gamma, lmbda=lmbda)
+        assert_identical(f"seed {seed}", first, expected)
+        again = call(x, backend="triton", gamma=gamma, lmbda=lmbda)
+        assert_identical(f"seed {seed} again", again, expected)
+        assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, again)), "outputs reused between calls"
+    assert stand_ins.plain == 4 + 1 and stand_ins.replayed == 7, "every call after the first should replay"
+
+
+def _gae_key(x: dict, **kw) -> tuple:
+    """The plan key of the GAE launch of ``gae(x, **kw)`` (the launch is recorded, then its key computed)."""
+    seen = {}
+    real = scan.launch
+
+    def launch(kernel, layout, **kwargs):
+        seen.update(kernel=kernel, layout=layout, kwargs=kwargs)
+        return real(kernel, layout, **kwargs)
+
+    gae_module = importlib.import_module("rl_triton_torchrl.kernels.gae")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(gae_module, "launch", launch)
+        TABLE["gae"][0](x, backend="triton", **{**TABLE["gae"][2], **kw})
+    k = dict(seen["kwargs"])
+    coefs = k.pop("coefs")
+    settings = _launcher.launcher(seen["kernel"]).settings()
+    inputs = k.pop("inputs")
+    key, _ = scan._plan_key(settings, seen["kernel"], seen["layout"], inputs, k.pop("outputs"), coefs,
+                            tuple(coefs.values()), k.pop("initial_state"), k.pop("output_final_state"),
+                            k.pop("finite_a"), scan.flag_constexprs(inputs, k))
+    return key
+
+
+def _misaligned(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s values at an address 4 bytes past a 16-byte boundary, same shape and strides."""
+    buf = torch.empty(x.numel() + 4, dtype=x.dtype, device=x.device)
+    offset = next(i for i in range(1, 4) if (buf.data_ptr() + i * x.element_size()) % 16)
+    return buf[offset: offset + x.numel()].view(x.shape).copy_(x)
+
+
+# change -> (rollout changes, call changes): each a structure of its own, first launched the plain way
+KEY_CHANGES = {
+    "stride": (lambda x: {"reward": x["reward"].transpose(0, 1).contiguous().transpose(0, 1)}, {}),
+    "dtype": (lambda x: {k: v.double() if v.is_floating_point() else v for k, v in x.items()}, {}),
+    "alignment": (lambda x: {"next_value": _misaligned(x["next_value"])}, {}),
+    "flag-alignment": (lambda x: {"done": _misaligned(x["done"])}, {}),
+    "initial-state": (lambda x: {}, {"initial_state": torch.zeros(3, 2).to(DEVICE)}),
+    "final-state": (lambda x: {}, {"output_final_state": True}),
+    "coef-0d-tensor": (lambda x: {}, {"gamma": torch.tensor(0.97).to(DEVICE)}),
+    "coef-tensor-shape": (lambda x: {}, {"gamma": torch.full((3, 1, 1), 0.97).to(DEVICE)}),
+    "coef-tensor-dtype": (lambda x: {}, {"gamma": torch.tensor(0.97, dtype=torch.float64).to(DEVICE)}),
+    "time-dim": (lambda x: {}, {"time_dim": -1}),
+    "shape": (lambda x: {k: v[:2] for k, v in x.items()}, {}),
+    # one tensor as both flags compiles a kernel that reads it once: a call with two must not replay that one
+    "same-flags": (lambda x: {"terminated": x["done"]}, {}),
+}
+
+
+@needs_interpreter
+@pytest.mark.parametrize("change", KEY_CHANGES)
+def test_changed_structure_misses(change, stand_ins, monkeypatch, plans):
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    call(x, backend="triton", **coefs)  # the base structure: plain, then planned
+    base_key = _gae_key(x)
+    assert len(plans) == 1 and stand_ins.replayed == 1
+    edit, kw = KEY_CHANGES[change]
+    y = {**x, **edit(x)}
+    assert _gae_key(y, **kw) != base_key, f"{change}: the changed call shares the base call's key"
+    before = stand_ins.snapshot()
+    expected = _plain(monkeypatch, lambda: call(y, backend="triton", **{**coefs, **kw}))
+    for i in range(2):
+        assert_identical(f"{change} call {i}", call(y, backend="triton", **{**coefs, **kw}), expected)
+    # (_gae_key made the changed structure's first call, which launched plainly and built its plan)
+    assert stand_ins.replayed - before[2] == 2 and stand_ins.plain - before[0] == 1
+
+
+@needs_interpreter
+def test_key_ignores_data_and_numbers(stand_ins):
+    """Other tensors of the same structure and other float coefficients share the key (one plan serves a loop).
+    (No terminated flags, or one tensor as both, is another structure: ``KEY_CHANGES["same-flags"]``.)"""
+    x, y = make_rollout((3, 20, 2), seed=0), make_rollout((3, 20, 2), seed=5)
+    assert _gae_key(x) == _gae_key(y, gamma=0.5, lmbda=0.1) == _gae_key(y, time_dim=1)  # -2 and 1: one time dim
+    assert _gae_key({**x, "terminated": None}) == _gae_key({**y, "terminated": y["done"]})
+
+
+def test_unplannable_keys():
+    """An int coefficient (Triton specializes ints on their values) and a non-tensor input are never planned."""
+    layout = _utils.check_inputs(-2, {"x": torch.zeros(2, 5, 1)}, {}, {})
+    kernel, x, y = object(), torch.zeros(2, 5, 1), torch.zeros(2, 5, 1)
+
+    def key(inputs, coefs):
+        return scan._plan_key((0,), kernel, layout, inputs, {"y": y}, coefs, tuple(coefs.values()), None, False,
+                              False, {})[0]
+
+    assert key({"x": x}, {"gamma": 0.5}) is not None
+    assert key({"x": x}, {"gamma": 1}) is None
+    assert key({"x": x}, {"gamma": torch.tensor(3.0).numpy()[()]}) is None
+    assert key({"x": 1.0}, {"gamma": 0.5}) is None
+
+
+@needs_interpreter
+def test_settings_and_constants_in_key(stand_ins, monkeypatch, plans):
+    """Launch settings, ``launch_config``'s constants and PyTorch's deterministic mode are in the key."""
+    x = make_rollout((3, 20, 2))
+    keys = {"base": _gae_key(x)}
+    with monkeypatch.context() as m:
+        m.setattr(scan, "MAX_BLOCK_T", 16)
+        keys["MAX_BLOCK_T"] = _gae_key(x)
+    with monkeypatch.context() as m:
+        m.setattr(scan, "LOOKBACK_MIN_T", 0)
+        keys["LOOKBACK_MIN_T"] = _gae_key(x)
+    with monkeypatch.context() as m:
+        m.setattr(triton.knobs.runtime, "debug", True)
+        keys["debug"] = _gae_key(x)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        keys["deterministic"] = _gae_key(x)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    for a, b in itertools.combinations(keys, 2):
+        assert keys[a] != keys[b], f"{a} and {b} share a key"
+
+
+@needs_interpreter
+def test_unplannable_structure_stays_plain(stand_ins, monkeypatch, plans):
+    """Inputs whose dimensions do not merge are copied per call: no plan (remembered as None), plain launches."""
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((2, 3, 20, 1))
+    # the two batch dimensions swapped in memory: (2, 3) do not merge into one strided dimension
+    x = {k: v.transpose(0, 1).contiguous().transpose(0, 1) for k, v in x.items()}
+    expected = _plain(monkeypatch, lambda: call(x, backend="triton", **coefs))
+    for i in range(3):
+        assert_identical(f"call {i}", call(x, backend="triton", **coefs), expected)
+    assert list(plans.values()) == [None]
+    assert stand_ins.replayed == 0
+
+
+@needs_interpreter
+def test_switched_off(stand_ins, monkeypatch, plans):
+    """``LEAN_LAUNCH = False``: every launch plain, no plan built or replayed (one built before stays unused)."""
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    call(x, backend="triton", **coefs)
+    assert len(plans) == 1
+    monkeypatch.setattr(_launcher, "LEAN_LAUNCH", False)
+    before = stand_ins.snapshot()
+    for _ in range(3):
+        call(make_rollout((3, 20, 2), seed=1), backend="triton", **coefs)
+        call(make_rollout((3, 21, 2), seed=1), backend="triton", **coefs)
+    assert stand_ins.snapshot() == (before[0] + 6, before[1], before[2]) and len(plans) == 1
+
+
+@needs_interpreter
+@pytest.mark.parametrize("case", ["launch-hook", "pre-run-hook"])
+def test_hooks_take_plain_path(case, stand_ins, monkeypatch, plans):
+    """While Triton's launch would do more than the compiled kernel's launcher, no plan is replayed."""
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    call(x, backend="triton", **coefs)
+    if case == "launch-hook":
+        hooks = triton.knobs.runtime.launch_enter_hook
+        monkeypatch.setattr(hooks, "calls", [lambda metadata: None])
+    else:
+        kernel = importlib.import_module("rl_triton_torchrl.kernels.gae")._gae_fwd_kernel
+        monkeypatch.setattr(kernel, "pre_run_hooks", [lambda *a, **k: None])
+    before = stand_ins.snapshot()
+    call(x, backend="triton", **coefs)
+    assert stand_ins.snapshot() == (before[0] + 1, before[1], before[2])
+
+
+def test_env_switch_off_leaves_plans_unbuilt(tmp_path):
+    """``RL_TRITON_TORCHRL_LEAN_LAUNCH=0`` in a fresh process: GAE calls on a stand-in kernel launch plainly and
+    build no plan (with the variable unset, the same calls replay a plan)."""
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(ROOT / 'tests')!r})
+import torch
+import test_launch_plan as t
+from rl_triton_torchrl.kernels import _launcher, scan
+if os.environ.get("TRITON_INTERPRET") != "1":
+    print("skip"); sys.exit()
+_launcher.driver._active = t._Driver()
+module = sys.modules["rl_triton_torchrl.kernels.gae"]
+stand_in = t.StandIn(module._gae_fwd_kernel)
+module._gae_fwd_kernel = stand_in.jit
+x = t.make_rollout((3, 20, 2))
+for _ in range(3):
+    t.TABLE["gae"][0](x, backend="triton", gamma=0.9, lmbda=0.8)
+print(stand_in.plain, stand_in.lean, stand_in.replayed, len(scan._PLANS))
+"""
+    results = {}
+    for value in ("0", None):
+        env = {k: v for k, v in os.environ.items() if k != "RL_TRITON_TORCHRL_LEAN_LAUNCH"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        if not CUDA:
+            env["TRITON_INTERPRET"] = "1"
+        if value is not None:
+            env["RL_TRITON_TORCHRL_LEAN_LAUNCH"] = value
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                                cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        results[value] = result.stdout.split()
+    if results["0"] == ["skip"]:
+        pytest.skip("the stand-in kernels need TRITON_INTERPRET=1")
+    assert results["0"] == ["3", "0", "0", "0"], results["0"]
+    assert results[None] == ["1", "0", "2", "1"], results[None]
+
+
+@needs_interpreter
+def test_interpreted_kernels_never_plan(plans):
+    """Under the interpreter (no compiled kernel) every launch is plain: the plan cache stays empty."""
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    for _ in range(3):
+        call(x, backend="triton", **coefs)
+    assert not plans
+
+
+@needs_interpreter
+def test_uncached_layouts_not_planned(stand_ins, plans):
+    """The scan custom op builds a layout per call (not kept): launched without building plans."""
+    a, b = torch.rand(4, 30).to(DEVICE), torch.randn(4, 30).to(DEVICE)
+    h, ht = scan._scan_op(a, b, None, True, True)
+    h2, _ = scan._scan_op(a, b, None, True, True)
+    assert_identical("h", h2, h)
+    assert not plans and stand_ins.replayed == 0
+
+
+@needs_interpreter
+def test_full_cache_is_cleared(stand_ins, monkeypatch, plans):
+    monkeypatch.setattr(scan, "_MAX_PLANS", 2)
+    call, _, coefs = TABLE["gae"]
+    for T in (20, 21, 22, 20, 21):
+        x = make_rollout((3, T, 2))
+        expected = _plain(monkeypatch, lambda: call(x, backend="triton", **coefs))
+        for _ in range(2):
+            assert_identical(f"T={T}", call(x, backend="triton", **coefs), expected)
+        assert len(plans) <= 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# new_outputs, getenv, the broadcast check
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_new_outputs_independent(dtype, monkeypatch):
+    """Each output its own contiguous allocation of the layout's shape and dtype: freeing one frees its memory."""
+    monkeypatch.setattr(scan, "POISON_OUTPUTS", False)
+    x = torch.zeros(3, 7, 2, dtype=dtype, device=DEVICE)
+    layout = _utils.check_inputs(-2, {"x": x}, {}, {})
+    for _ in range(2):  # the first call makes the stride-0 tensor they are allocated like, the second reuses it
+        outputs = scan.new_outputs(layout, 3)
+        for y in outputs:
+            assert y.shape == x.shape and y.dtype == dtype and y.device == x.device and y.is_contiguous()
+            assert not y.requires_grad and y._base is None
+            assert y.untyped_storage().nbytes() == y.numel() * y.element_size()
+        assert len({y.untyped_storage().data_ptr() for y in outputs}) == 3
+
+
+def test_new_outputs_keep_nothing_while_compiling(monkeypatch):
+    monkeypatch.setattr(scan, "POISON_OUTPUTS", False)
+    monkeypatch.setattr(scan, "_OUTPUT_LIKE", {})
+    layout = _utils.check_inputs(-2, {"x": torch.zeros(3, 9, 2, device=DEVICE)}, {}, {})
+    with monkeypatch.context() as m:
+        m.setattr(torch.compiler, "is_compiling", lambda: True)
+        (y,) = scan.new_outputs(layout, 1)
+    assert not scan._OUTPUT_LIKE and y.shape == layout.shape
+    (y,) = scan.new_outputs(scan._rows_layout(torch.zeros(4, 9, device=DEVICE)), 1)  # a layout not kept
+    assert not scan._OUTPUT_LIKE and y.shape == (4, 9)
+    scan.new_outputs(layout, 1)
+    assert len(scan._OUTPUT_LIKE) == 1
+
+
+SHAPES = [s for n in range(4) for s in itertools.product((0, 1, 2, 3), repeat=n)]
+
+
+def test_broadcast_check_agrees_with_torch():
+    for shape, target in itertools.product(SHAPES, SHAPES):
+        try:
+            expected = torch.broadcast_shapes(shape, target) == torch.Size(target)
+        except RuntimeError:
+            expected = False
+        got = _utils._broadcasts_to(torch.Size(shape), torch.Size(target))
+        assert got == expected, f"{shape} -> {target}: {got}, torch says {expected}"
+
+
+def test_getenv_reads_every_change(monkeypatch):
+    name = "RL_TRITON_TORCHRL_TEST_VARIABLE"
+    monkeypatch.delenv(name, raising=False)
+    assert _utils.getenv(name) == "" == os.environ.get(name, "")
+    for value in ("torch", "", "é ü", "triton"):
+        monkeypatch.setenv(name, value)
+        assert _utils.getenv(name) == value
+    monkeypatch.delenv(name)
+    assert _utils.getenv(name) == ""
+    monkeypatch.setattr(os, "environ", {name: "replaced"})  # not CPython's mapping: read with get
+    assert _utils.getenv(name) == "replaced"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# On the GPU: compiled kernels, replayed and plain
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["contig", "sliced", "float64", "states"])  # (look-back: not bitwise repeatable)
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_gpu_replay_equals_plain(algo, case, monkeypatch, plans):
+    rollout, extra, patches = CASES[case]
+    for name, value in patches.items():
+        monkeypatch.setattr(scan, name, value)
+    x = make_rollout(**{"shape": (3, 20, 2), **rollout})
+    call, _, coefs = TABLE[algo]
+    kw = {**coefs, **extra(x)}
+    expected = _plain(monkeypatch, lambda: call(x, backend="triton", **kw))
+    for i in range(3):
+        assert_identical(f"{algo} call {i}", call(x, backend="triton", **kw), expected)
+    assert any(plan is not None for plan in plans.values()), f"{algo}: no plan built"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_cpu_coefficient_is_moved_not_planned(monkeypatch, plans):
+    """A one-element CPU coefficient is copied to the device per call: replayed launches would need the copy."""
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    kw = {**coefs, "gamma": torch.tensor(0.97)}
+    expected = _plain(monkeypatch, lambda: call(x, backend="triton", **kw))
+    for i in range(3):
+        assert_identical(f"call {i}", call(x, backend="triton", **kw), expected)
+    assert list(plans.values()) == [None]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_replay_in_cuda_graph(plans):
+    """A replayed launch captured in a CUDA graph runs on the capture's stream and reads the inputs at replay."""
+    x = make_rollout((64, 50, 1))
+    kw = {"gamma": 0.97, "lmbda": 0.9, "output_final_state": True}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # compiled, planned
+            TABLE["gae"][0](x, backend="triton", **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert len(plans) == 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = TABLE["gae"][0](x, backend="triton", **kw)
+    fresh = make_rollout((64, 50, 1), seed=9)
+    for k, v in x.items():
+        v.copy_(fresh[k])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_identical("captured", captured, TABLE["gae"][0](x, backend="triton", **kw))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_gae_functional_unchanged():
+    """The public call on CUDA tensors, replayed, against the torch path (a sanity check of the whole chain)."""
+    x = make_rollout((8, 33, 1))
+    ref = gae_fn(x["reward"], x["value"], x["next_value"], x["done"], x["terminated"], gamma=0.97, lmbda=0.9,
+                 backend="torch")
+    for _ in range(3):
+        out = gae_fn(x["reward"], x["value"], x["next_value"], x["done"], x["terminated"], gamma=0.97, lmbda=0.9)
+        for o, r in zip(out, ref):
+            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-4)
