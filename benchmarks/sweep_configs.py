@@ -60,7 +60,15 @@ def _rows128_candidates(T):
     return out + [rows_cfg(min(1 << max(1, (T - 1).bit_length()), 1024), 1, 4)]
 
 
+def _regs_candidates(T):
+    """The default 128-step tiles with the registers per thread capped (``maxnreg``): more programs per SM, fewer
+    partial waves of long programs."""
+    return [dict(rows_cfg(128, 4, 4), maxnreg=n) for n in (32, 40, 48, 64)]
+
+
 PRESETS = {
+    # register caps: occupancy against spills
+    "regs": ([(16384, 2048), (65536, 2048), (65536, 512)], _regs_candidates),
     # tiles of 128 steps against whole-T tiles
     "rows128": ([(65536, 512), (16384, 2048), (65536, 128), (4096, 128), (4096, 512)], _rows128_candidates),
     # large rollouts (the >= 90% target) and the massively parallel regime
@@ -188,7 +196,8 @@ def _name(cfg) -> str:
         return "-"
     mode = "look-back" if cfg.get("LOOKBACK") else "tiles"
     s = f"{mode} {cfg.get('BLOCK_R')}x{cfg.get('BLOCK_T')} w{cfg.get('num_warps')}"
-    return s + (f" s{cfg['NUM_STAGES']}" if cfg.get("NUM_STAGES", 1) > 1 else "")
+    s += f" s{cfg['NUM_STAGES']}" if cfg.get("NUM_STAGES", 1) > 1 else ""
+    return s + (f" r{cfg['maxnreg']}" if cfg.get("maxnreg") else "")
 
 
 if __name__ == "__main__":
