@@ -67,6 +67,9 @@ def _regs_candidates(T):
 
 
 PRESETS = {
+    # the same: the uncapped configuration timed before and after a capped one (does the order matter?)
+    "regs_ab": ([(65536, 2048)], lambda T: [rows_cfg(128, 4, 4), dict(rows_cfg(128, 4, 4), maxnreg=40),
+                                             rows_cfg(128, 4, 4)]),
     # register caps: occupancy against spills
     "regs": ([(16384, 2048), (65536, 2048), (65536, 512)], _regs_candidates),
     # tiles of 128 steps against whole-T tiles
