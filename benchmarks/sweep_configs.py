@@ -67,6 +67,8 @@ def _regs_candidates(T):
 
 
 PRESETS = {
+    # the default configuration timed twice in a row: what being first in a cell (after the reference) costs
+    "repeat": ([(65536, 512), (65536, 2048)], lambda T: [rows_cfg(128, 4, 4)]),
     # the same: the uncapped configuration timed before and after a capped one (does the order matter?)
     "regs_ab": ([(65536, 2048)], lambda T: [rows_cfg(128, 4, 4), dict(rows_cfg(128, 4, 4), maxnreg=40),
                                              rows_cfg(128, 4, 4)]),
