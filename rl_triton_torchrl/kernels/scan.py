@@ -307,20 +307,21 @@ def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexp
     # warp, and scanned forward: a third fewer instructions per element (H200, 65536 x 512: GAE 83% -> 91% of the
     # copy bandwidth, discounted return 50% -> 82%; benchmarks/results/h200/ablate_kernels.md)
     FLIP: tl.constexpr = REVERSE and b_a.shape[1] == WARP_LOCAL_T
+    SCAN_REVERSE: tl.constexpr = REVERSE and not FLIP  # the columns' order after the flip, if any
     if FLIP:
         b_a = _reverse_columns(b_a)
         b_b = _reverse_columns(b_b)
     if CUT_A:
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine, reverse=REVERSE and not FLIP)
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine, reverse=SCAN_REVERSE)
     else:
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine_finite_a, reverse=REVERSE and not FLIP)
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine_finite_a, reverse=SCAN_REVERSE)
     if LOOKBACK:
-        b_enter = chain_state(lb_ptr, tl.sum(o_r), i_c, n_chunks, tl.sum(edge_column(b_A, REVERSE and not FLIP)),
-                              tl.sum(edge_column(b_B, REVERSE and not FLIP)), tl.sum(b_h0),
+        b_enter = chain_state(lb_ptr, tl.sum(o_r), i_c, n_chunks, tl.sum(edge_column(b_A, SCAN_REVERSE)),
+                              tl.sum(edge_column(b_B, SCAN_REVERSE)), tl.sum(b_h0),
                               LOOKBACK if LOOKBACK > 0 else -LOOKBACK, LOOKBACK < 0)
         b_h0 = tl.zeros_like(b_h0) + b_enter
     b_h = apply_map(b_A, b_B, b_h0[:, None])
-    b_exit = edge_column(b_h, REVERSE and not FLIP)
+    b_exit = edge_column(b_h, SCAN_REVERSE)
     if FLIP:
         b_h = _reverse_columns(b_h)
     return b_h, b_exit, b_h0
