@@ -71,13 +71,13 @@ def _chunk_time_i32(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constex
 
 @triton.jit
 def _load_tile_stream(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr):
-    p = base + (o_o * s_o + o_i * s_i)[:, None] + o_t[None, :] * s_t
+    p = base + (o_o * s_o + o_i * s_i)[:, None] + o_t * s_t
     return tl.load(p, mask=m, other=0, eviction_policy="evict_first").to(ACC)
 
 
 @triton.jit
 def _store_tile_stream(base, b_x, o_o, o_i, o_t, T, inner, m):
-    p = base + (o_o * (T * inner) + o_i)[:, None] + o_t[None, :] * inner
+    p = base + (o_o * (T * inner) + o_i)[:, None] + o_t * inner
     tl.store(p, b_x.to(base.dtype.element_ty), mask=m, cache_modifier=".cs")
 
 

@@ -26,9 +26,10 @@ def rows_cfg(block_t, block_r, warps, stages=1):
     return {"mode": "tiles", "BLOCK_T": block_t, "BLOCK_R": block_r, "num_warps": warps, "NUM_STAGES": stages}
 
 
-def lookback_cfg(block_t, warps, window=32):
-    return {"mode": "look-back", "BLOCK_T": block_t, "BLOCK_R": 1, "num_warps": warps, "NUM_STAGES": 1,
-            "LOOKBACK": window}
+def lookback_cfg(block_t, warps, window=32, segments=1):
+    """Look-back chunks of ``block_t`` steps, scanned as a tile of ``segments`` rows of ``block_t // segments``."""
+    return {"mode": "look-back", "BLOCK_T": block_t // segments, "BLOCK_R": segments, "num_warps": warps,
+            "NUM_STAGES": 1, "LOOKBACK": window}
 
 
 def _tiles_candidates(T):
@@ -82,6 +83,12 @@ PRESETS = {
     "short": ([(65536, 8), (16384, 8), (65536, 16)], _tiles_candidates),
     # whole-T tile sizes and warps (the shapes of results/h200/sweep_tiles.md)
     "tiles": (list(itertools.product((4096, 16384, 65536), (32, 128, 2048))), _whole_t_candidates),
+    # look-back chunks as one 2048-step row (Triton's reverse scan) against tiles of 128-step segments (the warp-local
+    # reversal), chunk sizes 1024-8192 on 2-8 warps
+    "segments": ([(16, 1 << 20), (1, 1 << 20), (16, 1 << 16), (256, 1 << 16)],
+                 lambda T: [rows_cfg(128, 4, 4), lookback_cfg(2048, 4)] + [
+                     lookback_cfg(bt, w, segments=bt // 128) for bt, w in (
+                         (2048, 4), (2048, 8), (512, 4), (1024, 2), (1024, 4), (4096, 4), (4096, 8), (8192, 8))]),
     # long sequences in few rows: look-back chunk sizes and warps against the per-row kernel
     "long": ([(16, 1 << 20), (1, 1 << 20), (16, 1 << 16), (256, 1 << 16), (1024, 8192)],
              lambda T: [rows_cfg(1024, 1, 4)] + [lookback_cfg(bt, w) for bt, w in (
@@ -90,11 +97,11 @@ PRESETS = {
 
 
 def _patched(cfg):
-    def launch_config(layout):
+    def launch_config(layout, kernel_name=None):  # every kernel alike: no register cap unless cfg names one
         c = {k: v for k, v in cfg.items() if k != "mode"}
         c.setdefault("LOOKBACK", 0)
         if c["LOOKBACK"]:
-            c["grid"] = (layout.rows * triton.cdiv(layout.T, c["BLOCK_T"]),)
+            c["grid"] = (layout.rows * triton.cdiv(layout.T, c["BLOCK_R"] * c["BLOCK_T"]),)
         else:
             c["grid"] = (triton.cdiv(layout.rows, c["BLOCK_R"]),)
         return c

@@ -21,14 +21,25 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get
                                 reason="needs a CUDA device or Triton's interpreter")
 
 
-@pytest.fixture(params=[32, -2], ids=["window32", "sparse-window2"])
+# every kernel (the generic scan's and each algorithm's)
+KERNELS = frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel",
+                     "_retrace_fwd_kernel", "_prefix_sum_fwd_kernel"})
+
+
+@pytest.fixture(params=[(32, False), (-2, False), (32, True), (-2, True)],
+                ids=["window32", "sparse-window2", "window32-segments4", "sparse-window2-segments4"])
 def tiny_chunks(monkeypatch, request):
-    """Every sequence in look-back mode, in chunks of 16 steps."""
+    """Every sequence in look-back mode, in chunks of 16 steps: one tile row in every kernel, or four segments of 4
+    steps in every kernel."""
+    window, segmented = request.param
     monkeypatch.setattr(scan, "LOOKBACK_MIN_T", 0)
     monkeypatch.setattr(scan, "LOOKBACK_MAX_ROWS", 10**9)
     monkeypatch.setattr(scan, "LOOKBACK_BLOCK_T", 16)
-    monkeypatch.setattr(scan, "LOOKBACK_WINDOW", request.param)
-    yield request.param
+    monkeypatch.setattr(scan, "LOOKBACK_SEGMENTS", 4)
+    monkeypatch.setattr(scan, "LOOKBACK_SEGMENT_T", 4)
+    monkeypatch.setattr(scan, "LOOKBACK_SEGMENTED", KERNELS if segmented else frozenset())
+    monkeypatch.setattr(scan, "LOOKBACK_WINDOW", window)
+    yield window
 
 
 def _compare(algo, shape, pattern, seed, with_state):
@@ -60,6 +71,20 @@ def test_lookback_flag_patterns(pattern, tiny_chunks):
         _compare(algo, (3, 50, 1), pattern, seed=1, with_state=True)
 
 
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_lookback_warp_local_segments(algo, monkeypatch):
+    """Chunks of two 128-step segments: the reverse scans' own reversal (``WARP_LOCAL_T``) inside look-back chunks,
+    three chunks per row, the last one partly past T."""
+    monkeypatch.setattr(scan, "LOOKBACK_MIN_T", 0)
+    monkeypatch.setattr(scan, "LOOKBACK_MAX_ROWS", 10**9)
+    monkeypatch.setattr(scan, "LOOKBACK_SEGMENTS", 2)
+    monkeypatch.setattr(scan, "LOOKBACK_SEGMENTED", KERNELS)
+    monkeypatch.setattr(scan, "LOOKBACK_WINDOW", -2)
+    cfg = scan.launch_config(_layout((2, 600, 1)), "_gae_fwd_kernel")
+    assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["grid"]) == (2, 128, (6,))
+    _compare(algo, (2, 600, 1), "random", seed=7, with_state=True)
+
+
 def test_deterministic_algorithms_turn_lookback_off(tiny_chunks):
     """The entering state of a chunk is composed from whichever predecessors have published (the rounding may differ
     in the last bits between calls); ``torch.use_deterministic_algorithms(True)`` selects the per-row kernels."""
@@ -86,11 +111,19 @@ def _layout(shape, dtype=torch.float32):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="concurrent chunks need a GPU")
-@pytest.mark.parametrize("block_t", [256, 2048])
+@pytest.mark.parametrize("chunks", [(256, 0), (2048, 0), (0, 4), (0, 32)],
+                         ids=["row256", "row2048", "segments4x128", "segments32x128"])
 @pytest.mark.parametrize("algo", list(TABLE))
-def test_lookback_concurrent_chunks(algo, block_t, monkeypatch):
-    """Hundreds of chunks per row in flight at once, at the default window."""
-    monkeypatch.setattr(scan, "LOOKBACK_BLOCK_T", block_t)
+def test_lookback_concurrent_chunks(algo, chunks, monkeypatch):
+    """Hundreds of chunks per row in flight at once, at the default window: chunks of one row (``block_t``
+    steps) or of ``segments`` 128-step segments, in every kernel."""
+    block_t, segments = chunks
+    if segments:
+        monkeypatch.setattr(scan, "LOOKBACK_SEGMENTS", segments)
+        monkeypatch.setattr(scan, "LOOKBACK_SEGMENTED", KERNELS)
+    else:
+        monkeypatch.setattr(scan, "LOOKBACK_BLOCK_T", block_t)
+        monkeypatch.setattr(scan, "LOOKBACK_SEGMENTED", frozenset())
     assert scan.launch_config(_layout((3, 70_000, 1)))["LOOKBACK"] > 0
     _compare(algo, (3, 70_000, 1), "random", seed=5, with_state=True)
 
@@ -102,3 +135,34 @@ def test_short_sequence_tiles(algo, shape):
     cfg = scan.launch_config(_layout(shape))
     assert (cfg["BLOCK_T"], cfg["BLOCK_R"], cfg["LOOKBACK"]) == (scan.SHORT_BLOCK_T, scan.SHORT_BLOCK_R, 0)
     _compare(algo, shape, "random", seed=3, with_state=True)
+
+
+def test_register_caps_on_warp_local_row_tiles_only(monkeypatch):
+    """A kernel in ``REGISTER_CAPS`` gets ``maxnreg`` on 128-step row tiles with float32 accumulation, nowhere else."""
+    monkeypatch.setattr(scan, "REGISTER_CAPS", {"k": 40})
+    assert scan.launch_config(_layout((4096, 512, 1)), "k")["maxnreg"] == 40
+    assert scan.launch_config(_layout((4096, 512, 1), torch.bfloat16), "k")["maxnreg"] == 40
+    assert "maxnreg" not in scan.launch_config(_layout((4096, 512, 1)), "other")
+    assert "maxnreg" not in scan.launch_config(_layout((4096, 512, 1)))
+    assert "maxnreg" not in scan.launch_config(_layout((4096, 512, 1), torch.float64), "k")
+    assert "maxnreg" not in scan.launch_config(_layout((4096, 32, 1)), "k")  # 32-step tiles
+    assert "maxnreg" not in scan.launch_config(_layout((4, 2**16, 1)), "k")  # look-back chunks
+
+
+@pytest.mark.parametrize("algo", ["gae", "vtrace"])
+def test_register_capped_kernels_match_reference(algo):
+    """The capped kernels (``maxnreg`` passed through the launcher) at a shape that selects them, with the chunk
+    loop walking several 128-step tiles."""
+    assert scan.launch_config(_layout((5, 300, 1)), f"_{algo}_fwd_kernel").get("maxnreg") == scan.REGISTER_CAPS[
+        f"_{algo}_fwd_kernel"]
+    _compare(algo, (5, 300, 1), "random", seed=11, with_state=True)
+
+
+def test_segmented_lookback_per_kernel(monkeypatch):
+    """Kernels in ``LOOKBACK_SEGMENTED`` scan look-back chunks as ``LOOKBACK_SEGMENTS`` rows of segments."""
+    layout = _layout((4, 2**16, 1))
+    row = scan.launch_config(layout, "_gae_fwd_kernel")
+    seg = scan.launch_config(layout, "_vtrace_fwd_kernel")
+    assert (row["BLOCK_R"], row["BLOCK_T"]) == (1, scan.LOOKBACK_BLOCK_T)
+    assert (seg["BLOCK_R"], seg["BLOCK_T"]) == (scan.LOOKBACK_SEGMENTS, scan.LOOKBACK_SEGMENT_T)
+    assert seg["grid"] == (4 * 2**16 // (scan.LOOKBACK_SEGMENTS * scan.LOOKBACK_SEGMENT_T),)

@@ -337,12 +337,19 @@ def test_unplannable_keys():
 
 @needs_interpreter
 def test_settings_and_constants_in_key(stand_ins, monkeypatch, plans):
-    """Launch settings, ``launch_config``'s constants and PyTorch's deterministic mode are in the key."""
+    """Launch settings, ``launch_config`` itself (a sweep replaces it), its constants and PyTorch's deterministic
+    mode are in the key."""
     x = make_rollout((3, 20, 2))
     keys = {"base": _gae_key(x)}
     with monkeypatch.context() as m:
+        m.setattr(scan, "launch_config", lambda *a, default=scan.launch_config: default(*a))
+        keys["launch_config"] = _gae_key(x)
+    with monkeypatch.context() as m:
         m.setattr(scan, "MAX_BLOCK_T", 16)
         keys["MAX_BLOCK_T"] = _gae_key(x)
+    with monkeypatch.context() as m:
+        m.setattr(scan, "LOOKBACK_SEGMENT_T", 8)
+        keys["LOOKBACK_SEGMENT_T"] = _gae_key(x)
     with monkeypatch.context() as m:
         m.setattr(scan, "LOOKBACK_MIN_T", 0)
         keys["LOOKBACK_MIN_T"] = _gae_key(x)

@@ -200,6 +200,10 @@ def test_new_specialization_takes_plain_path(recorder, name):
     assert len(plain) == 2 and not compiled.launches
     lean((3,), 8, **_args())  # num_warps
     assert len(plain) == 3
+    lean((3,), 4, 40, **_args())  # maxnreg
+    assert len(plain) == 4 and plain[-1][1]["maxnreg"] == 40
+    lean((3,), 4, 40, **_args())
+    assert len(plain) == 4 and len(compiled.launches) == 1
 
 
 def test_switch_off(recorder, monkeypatch):
@@ -285,13 +289,14 @@ def test_compiled_for_and_replay(recorder):
     with the arguments as given (pointers as ints here), as a lean launch does."""
     lean, plain, compiled = recorder
     args, settings = _args(), lean.settings()
-    assert lean.compiled_for(settings, 4, args) is None  # nothing launched yet
+    assert lean.compiled_for(settings, 4, None, args) is None  # nothing launched yet
     lean((3,), 4, **args)
-    hit = lean.compiled_for(settings, 4, _args())  # other tensors, same key
+    hit = lean.compiled_for(settings, 4, None, _args())  # other tensors, same key
     assert hit is not None and hit.kernel is compiled
-    assert lean.compiled_for(settings, 8, args) is None  # another num_warps
-    assert lean.compiled_for(settings, 4, {**args, "num_stages": 2}) is None  # an option: not a lean launch
-    assert lean.compiled_for(settings, 4, {**args, "alpha": (1,)}) is None  # a type the key refuses
+    assert lean.compiled_for(settings, 8, None, args) is None  # another num_warps
+    assert lean.compiled_for(settings, 4, 40, args) is None  # another maxnreg
+    assert lean.compiled_for(settings, 4, None, {**args, "num_stages": 2}) is None  # an option: not a lean launch
+    assert lean.compiled_for(settings, 4, None, {**args, "alpha": (1,)}) is None  # a type the key refuses
     ints = tuple(args[n].data_ptr() if isinstance(args[n], torch.Tensor) else args[n]
                  for n in lean.specializer.names)
     _launcher.replay(hit, (3, 2), 0, ints)

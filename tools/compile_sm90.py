@@ -60,22 +60,25 @@ class _Compiler:
         self.seen, self.failed = set(), []
 
     def __call__(self, kernel, grid):
-        def compile_it(*args, num_warps=4, **kwargs):
+        def compile_it(*args, num_warps=4, maxnreg=None, **kwargs):
             sig, constexprs = _signature(kernel, kwargs)
-            key = (kernel.__name__, tuple(sorted(sig.items())), tuple(sorted(constexprs.items(), key=str)), num_warps)
+            key = (kernel.__name__, tuple(sorted(sig.items())), tuple(sorted(constexprs.items(), key=str)), num_warps,
+                   maxnreg)
             if key in self.seen:
                 return
             self.seen.add(key)
             shown = {kernel.arg_names[i[0]]: v for i, v in constexprs.items() if v is not None}
             t0 = time.perf_counter()
             try:
-                out = triton_compile(ASTSource(kernel, sig, constexprs), target=TARGET,
-                                     options={"num_warps": num_warps})
-                print(f"ok   {kernel.__name__} {shown} warps={num_warps}: {time.perf_counter() - t0:.1f} s, "
+                options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
+                out = triton_compile(ASTSource(kernel, sig, constexprs), target=TARGET, options=options)
+                print(f"ok   {kernel.__name__} {shown} warps={num_warps} maxnreg={maxnreg}: "
+                      f"{time.perf_counter() - t0:.1f} s, "
                       f"{out.metadata.shared} B shared", flush=True)
             except Exception:  # report every failure, then go on
                 self.failed.append(key)
-                print(f"FAIL {kernel.__name__} {shown} warps={num_warps}\n{traceback.format_exc()}", flush=True)
+                print(f"FAIL {kernel.__name__} {shown} warps={num_warps} maxnreg={maxnreg}\n{traceback.format_exc()}",
+                      flush=True)
         return compile_it
 
 

@@ -89,12 +89,14 @@ def main(argv=None) -> int:
 
         def __init__(self, kernel):
             self.kernel = kernel
+            self.name = kernel.__name__
 
         def settings(self):
             return None
 
-        def __call__(self, grid, num_warps, **kwargs):
-            kernel = self.kernel.warmup(grid=grid, num_warps=num_warps, **kwargs)
+        def __call__(self, grid, num_warps, maxnreg=None, **kwargs):
+            options = {} if maxnreg is None else {"maxnreg": maxnreg}
+            kernel = self.kernel.warmup(grid=grid, num_warps=num_warps, **kwargs, **options)
             compiled.append((self.kernel.__name__, grid, kwargs, kernel))
 
     scan.launcher = CompileInstead

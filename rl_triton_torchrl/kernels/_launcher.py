@@ -163,26 +163,29 @@ class Launcher:
 
     def __init__(self, kernel):
         self.kernel = kernel
+        self.name = getattr(kernel, "__name__", None)
         self.specializer = Specializer.of(kernel)
         self.compiled: dict[tuple, _Compiled] = {}
 
-    def __call__(self, grid, num_warps: int, **kwargs):
-        """Launches the kernel over ``grid`` (up to three ints) with ``kwargs`` naming every parameter; returns what
-        ``kernel[grid]`` returns (the compiled kernel, or None under the interpreter)."""
+    def __call__(self, grid, num_warps: int, maxnreg: int | None = None, **kwargs):
+        """Launches the kernel over ``grid`` (up to three ints) with ``kwargs`` naming every parameter and at most
+        ``maxnreg`` registers per thread (None: Triton's choice); returns what ``kernel[grid]`` returns (the
+        compiled kernel, or None under the interpreter)."""
         key = None
         try:
             settings = None if callable(grid) else self.settings()
             if settings is not None:
                 args = self.args(kwargs)
                 if args is not None:
-                    key = self.key(settings, num_warps, args)
+                    key = self.key(settings, (num_warps, maxnreg), args)
                     hit = self.compiled.get(key)
                     if hit is not None:
                         replay(hit, grid, settings[0], args)
                         return hit.kernel
         except Exception:  # noqa: BLE001 - anything unexpected: the plain path (which raises Triton's own error)
             key = None
-        compiled = self.kernel[grid](**kwargs, num_warps=num_warps)
+        options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
+        compiled = self.kernel[grid](**kwargs, **options)
         if key is not None:
             self._remember(key, compiled)
         return compiled
@@ -207,16 +210,17 @@ class Launcher:
             return None
         return args if len(args) == len(kwargs) else None
 
-    def key(self, settings: tuple, num_warps: int, args: tuple) -> tuple:
-        """The cache key of a launch with ``args`` (every parameter, in order) under ``settings``."""
-        return (settings, num_warps, *self.specializer.key(args))
+    def key(self, settings: tuple, options: tuple, args: tuple) -> tuple:
+        """The cache key of a launch with ``args`` (every parameter, in order) under ``settings`` with ``options``
+        (``num_warps``, ``maxnreg``)."""
+        return (settings, options, *self.specializer.key(args))
 
-    def compiled_for(self, settings: tuple, num_warps: int, kwargs: dict) -> _Compiled | None:
+    def compiled_for(self, settings: tuple, num_warps: int, maxnreg: int | None, kwargs: dict) -> _Compiled | None:
         """The compiled kernel remembered for a launch with ``kwargs`` under ``settings``, if any: what a caller
         that launched these arguments once may launch again with ``replay``, with other data of the same key."""
         try:
             args = self.args(kwargs)
-            return None if args is None else self.compiled.get(self.key(settings, num_warps, args))
+            return None if args is None else self.compiled.get(self.key(settings, (num_warps, maxnreg), args))
         except Exception:  # noqa: BLE001 - an argument the key cannot describe: not remembered
             return None
 

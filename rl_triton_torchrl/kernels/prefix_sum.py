@@ -62,10 +62,10 @@ def _prefix_sum_fwd_kernel(
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, False)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, False, LOOKBACK)
         b_x = load_tile(x_ptr, o_o, o_i, o_t, s_x_o, s_x_t, s_x_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         if AFTER_DONE:  # the flag of the previous step; none before step 0 (the carried state has it applied)
-            b_f = load_tile(f_ptr, o_o, o_i, o_t - 1, s_f_o, s_f_t, s_f_i, m & (o_t > 0)[None, :], ACC)
+            b_f = load_tile(f_ptr, o_o, o_i, o_t - 1, s_f_o, s_f_t, s_f_i, m & (o_t > 0), ACC)
         else:
             b_f = load_tile(f_ptr, o_o, o_i, o_t, s_f_o, s_f_t, s_f_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_g = load_coef(discount_ptr, discount, o_o, o_i, o_t, s_discount_o, s_discount_t, s_discount_i, m, ACC,
@@ -75,7 +75,7 @@ def _prefix_sum_fwd_kernel(
         store_tile(s_ptr, b_s, o_o, o_i, o_t, T, inner, m)
     if STORE_FINAL_STATE:
         if AFTER_DONE:  # the last step's flag resets the state carried out
-            o_last = tl.zeros([1], dtype=tl.int64) + (T - 1)
+            o_last = tl.zeros([1, 1], dtype=tl.int64) + (T - 1)
             b_f = tl.sum(load_tile(f_ptr, o_o, o_i, o_last, s_f_o, s_f_t, s_f_i, m_r[:, None], ACC), axis=1)
             b_h = tl.where(b_f > 0, 0.0, b_h)  # [BLOCK_R]
         tl.store(ht_ptr + o_r, b_h, mask=m_r & (c_hi == n_chunks))

@@ -91,7 +91,7 @@ def _retrace_fwd_kernel(
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_q = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
@@ -104,20 +104,20 @@ def _retrace_fwd_kernel(
         o_t1 = o_t + 1
         m_t1 = o_t1 < T
         b_c1 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1,
-                      m_r[:, None] & m_t1[None, :],
+                      m_r[:, None] & m_t1,
                       s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
                       s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
-        b_c1 = tl.where(m_t1[None, :], zero_where(b_c1, b_nd == 0), 1.0)  # [BLOCK_R, BLOCK_T]
+        b_c1 = tl.where(m_t1, zero_where(b_c1, b_nd == 0), 1.0)  # [BLOCK_R, BLOCK_T]
         b_a, b_b = _retrace_coefficients(b_r, b_nq, b_nd, b_nterm, b_g, b_c1)
         # Q(s_(t+1), a_(t+1)), 0 past the window end, and not read where a_t = 0
-        b_q1 = zero_where(load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m_r[:, None] & m_t1[None, :], ACC),
+        b_q1 = zero_where(load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m_r[:, None] & m_t1, ACC),
                           b_a == 0)
         b_qret, b_h = scan_tile(b_a, b_b - b_a * b_q1, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m)
         store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m)
     if STORE_FINAL_STATE:  # u_0 = c_0 (Q_ret_0 - Q_0), from column 0 of a first-chunk tile
-        o_t = tl.arange(0, BLOCK_T).to(tl.int64)
-        m_0 = m_r[:, None] & (o_t == 0)[None, :]
+        o_t = tl.arange(0, BLOCK_T).to(tl.int64)[None, :]
+        m_0 = m_r[:, None] & (o_t == 0)
         b_c0 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t, m_0,
                       s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
                       s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)

@@ -59,6 +59,20 @@ LOOKBACK_MIN_T = 4096
 LOOKBACK_MAX_ROWS = 512
 LOOKBACK_BLOCK_T = 2048
 LOOKBACK_WARPS = 4
+# The kernels named in LOOKBACK_SEGMENTED scan a look-back chunk as a tile of LOOKBACK_SEGMENTS segments (rows) of
+# LOOKBACK_SEGMENT_T steps instead of one LOOKBACK_BLOCK_T-step row: at WARP_LOCAL_T steps the reverse scans stay in
+# the warp, as in the per-row tiles, and the segments' maps are composed across the tile's rows. H200, 16 x 2^20
+# (benchmarks/results/h200/sweep_segments.md): 32 x 128 on 4 warps against one 2048-step row, V-trace 337 -> 292 µs,
+# the TD(lambda) kernel (discounted return) 136 -> 107 µs; GAE 172 -> 199 µs (it keeps the row). Replace the
+# frozenset to change it (a launch plan's key holds its identity).
+LOOKBACK_SEGMENT_T = 128
+LOOKBACK_SEGMENTS = 32
+LOOKBACK_SEGMENTED = frozenset({"_vtrace_fwd_kernel", "_td_lambda_fwd_kernel"})
+# Registers per thread, capped per kernel for the WARP_LOCAL_T-step row tiles with float32 accumulation (Triton's
+# ``maxnreg``): more programs per SM. H200 (sweep_regs.md, sweep_regs_ab.md), against the uncapped kernel: GAE at 40
+# (48 uncapped) 2-7% faster at 16384 x 2048, 65536 x 512 and 65536 x 2048; V-trace at 64 (76) 10-17% faster. The
+# TD(lambda) kernel uses 32 and was slower capped at 40-64. Replace the dict to change it (as LOOKBACK_SEGMENTED).
+REGISTER_CAPS = {"_gae_fwd_kernel": 40, "_vtrace_fwd_kernel": 64}
 LOOKBACK_WINDOW = 32
 # Sequences of 5-8 steps: tiles of 4 steps (two per sequence) in 256 rows on 8 warps were 1.1-1.5x faster than whole
 # 8-step tiles at 16384-65536 rows in the same sweep.
@@ -118,18 +132,20 @@ def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: t
 
     Returns (outer index, inner index, row ids, row mask) [BLOCK_R] int64, the state [BLOCK_R], n_chunks (per row)
     and the range ``[c_lo, c_hi)`` of chunks (in scan order) this program walks: all of them, or with ``LOOKBACK``
-    the one chunk of its ticket (see ``chain_state``).
+    the one chunk of its ticket (see ``chain_state``), whose ``BLOCK_R`` tile rows are all the same row.
     """
-    n_chunks = (T + BLOCK_T - 1) // BLOCK_T
     if LOOKBACK:
+        # a chunk is BLOCK_R consecutive segments of BLOCK_T steps of one row (the tile's rows: see ``chunk``)
+        n_chunks = (T + BLOCK_R * BLOCK_T - 1) // (BLOCK_R * BLOCK_T)
         # tickets in the order programs start: a chunk's predecessors in its row hold smaller tickets, so they are
         # already running when it waits for them (program ids give no such order)
         ticket = tl.atomic_add(lb_ptr, 1).to(tl.int64)
-        o_r = ticket // n_chunks + tl.arange(0, BLOCK_R)
+        o_r = ticket // n_chunks + tl.zeros([BLOCK_R], dtype=tl.int64)
         c_lo = ticket % n_chunks
         c_hi = c_lo + 1
         o_o, o_i, m_r = o_r // inner, o_r % inner, o_r < n_rows
     else:
+        n_chunks = (T + BLOCK_T - 1) // BLOCK_T
         o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
         c_lo = 0
         c_hi = n_chunks
@@ -138,10 +154,26 @@ def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: t
 
 
 @triton.jit
-def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
-    """The i_c-th chunk in scan order: time indices [BLOCK_T] (int64) and the tile mask [BLOCK_R, BLOCK_T]."""
-    o_t, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, REVERSE)
-    return o_t, m_r[:, None] & m_t[None, :]
+def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, LOOKBACK: tl.constexpr):
+    """The i_c-th chunk in scan order: time indices (int64) and the tile mask [BLOCK_R, BLOCK_T].
+
+    The time indices are [1, BLOCK_T], the same steps in every row of the tile; with ``LOOKBACK`` they are
+    [BLOCK_R, BLOCK_T]: the chunk is ``BLOCK_R * BLOCK_T`` steps of one row, tile row k its k-th segment of
+    ``BLOCK_T`` steps (time ascends along each segment and from one segment to the next).
+    """
+    if LOOKBACK:
+        BLOCK_R: tl.constexpr = m_r.shape[0]
+        if REVERSE:
+            t0 = (n_chunks - 1 - i_c) * (BLOCK_R * BLOCK_T)
+        else:
+            t0 = i_c * (BLOCK_R * BLOCK_T)
+        o_t = t0.to(tl.int64) + (tl.arange(0, BLOCK_R) * BLOCK_T)[:, None] + tl.arange(0, BLOCK_T)[None, :]
+        m = m_r[:, None] & (o_t < T)
+    else:
+        o_t_1d, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, REVERSE)
+        o_t = o_t_1d[None, :]
+        m = m_r[:, None] & m_t[None, :]
+    return o_t, m
 
 
 @triton.jit
@@ -153,8 +185,9 @@ def store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE: tl.con
 
 @triton.jit
 def _tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i):
-    """Pointers [BLOCK_R, BLOCK_T] of a tensor viewed as (outer, T, inner) with strides (s_o, s_t, s_i)."""
-    return base + (o_o * s_o + o_i * s_i)[:, None] + o_t[None, :] * s_t
+    """Pointers [BLOCK_R, BLOCK_T] of a tensor viewed as (outer, T, inner) with strides (s_o, s_t, s_i); o_t is
+    [1, BLOCK_T] or [BLOCK_R, BLOCK_T] (``chunk``)."""
+    return base + (o_o * s_o + o_i * s_i)[:, None] + o_t * s_t
 
 
 @triton.jit
@@ -295,10 +328,12 @@ def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexp
     """Scans one [BLOCK_R, BLOCK_T] tile of coefficients, entering with state b_h0 [BLOCK_R].
 
     Masked elements act as the identity (a = 1, b = 0), so a partial tile passes the state through. ``CUT_A``:
-    some a may be non-finite (else the cheaper combine). With ``LOOKBACK`` (BLOCK_R = 1, one program per chunk)
-    the entering state comes from the chunks before this one (``chain_state``; ``LOOKBACK`` is the window, negative
-    in the testing mode); b_h0 is the row's initial state.
-    Returns the states h [BLOCK_R, BLOCK_T], the state leaving the tile and the state entering it [BLOCK_R].
+    some a may be non-finite (else the cheaper combine). With ``LOOKBACK`` (one program per chunk, the tile's rows
+    the chunk's consecutive segments: ``chunk``) the state entering the chunk comes from the chunks before this one
+    (``chain_state``; ``LOOKBACK`` is the window, negative in the testing mode) and each segment enters with the
+    state leaving the one before it (``_enter_segments``); b_h0 is then the row's initial state.
+    Returns the states h [BLOCK_R, BLOCK_T], the state leaving the tile (with ``LOOKBACK``: leaving the chunk, in
+    every row) and the state entering each row [BLOCK_R].
     """
     b_a = tl.where(m, b_a, 1.0)
     b_b = tl.where(m, b_b, 0.0)
@@ -316,15 +351,54 @@ def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexp
     else:
         b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine_finite_a, reverse=SCAN_REVERSE)
     if LOOKBACK:
-        b_enter = chain_state(lb_ptr, tl.sum(o_r), i_c, n_chunks, tl.sum(edge_column(b_A, SCAN_REVERSE)),
-                              tl.sum(edge_column(b_B, SCAN_REVERSE)), tl.sum(b_h0),
-                              LOOKBACK if LOOKBACK > 0 else -LOOKBACK, LOOKBACK < 0)
-        b_h0 = tl.zeros_like(b_h0) + b_enter
+        b_h0 = _enter_segments(b_A, b_B, b_h0, REVERSE, SCAN_REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
     b_h = apply_map(b_A, b_B, b_h0[:, None])
     b_exit = edge_column(b_h, SCAN_REVERSE)
+    if LOOKBACK:  # the state leaving the chunk (its first segment in scan order), in every row
+        b_exit = tl.zeros_like(b_exit) + _pick(b_exit, 0 if REVERSE else b_exit.shape[0] - 1)
     if FLIP:
         b_h = _reverse_columns(b_h)
     return b_h, b_exit, b_h0
+
+
+@triton.jit
+def _pick(b_x, i):
+    """Element ``i`` of a vector, as a scalar."""
+    return tl.sum(tl.where(tl.arange(0, b_x.shape[0]) == i, b_x, 0), axis=0)
+
+
+@triton.jit
+def _enter_segments(b_A, b_B, b_h0, REVERSE: tl.constexpr, SCAN_REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr,
+                    o_r, i_c, n_chunks, LOOKBACK: tl.constexpr):
+    """The state [BLOCK_R] entering each segment (tile row) of a look-back chunk, from the tile's scanned maps.
+
+    The segments' maps, composed in scan order (a scan across the tile's rows), give the chunk's map, which
+    ``chain_state`` publishes and combines with its predecessors' into the state entering the chunk; each segment
+    enters with the state leaving the segment before it in scan order. ``b_h0``: the row's initial state.
+    """
+    BLOCK_R: tl.constexpr = b_A.shape[0]
+    s_A = edge_column(b_A, SCAN_REVERSE)  # [BLOCK_R] the map of each segment
+    s_B = edge_column(b_B, SCAN_REVERSE)
+    if BLOCK_R > 1:  # [BLOCK_R] the maps of the segments up to each one, in scan order
+        if CUT_A:
+            s_A, s_B = tl.associative_scan((s_A, s_B), 0, _affine_combine, reverse=REVERSE)
+        else:
+            s_A, s_B = tl.associative_scan((s_A, s_B), 0, _affine_combine_finite_a, reverse=REVERSE)
+    I_LAST: tl.constexpr = 0 if REVERSE else BLOCK_R - 1  # the segment last in scan order
+    b_enter = chain_state(lb_ptr, _pick(o_r, 0), i_c, n_chunks, _pick(s_A, I_LAST), _pick(s_B, I_LAST),
+                          _pick(b_h0, 0), LOOKBACK if LOOKBACK > 0 else -LOOKBACK, LOOKBACK < 0)
+    if BLOCK_R == 1:
+        b_h0 = tl.zeros_like(b_h0) + b_enter
+    else:
+        b_leave = apply_map(s_A, s_B, b_enter)  # [BLOCK_R] the state leaving each segment
+        o_s = tl.arange(0, BLOCK_R)
+        if REVERSE:
+            o_prev = o_s + 1
+        else:
+            o_prev = o_s - 1
+        b_h0 = tl.sum(tl.where(o_s[None, :] == o_prev[:, None], b_leave[None, :], 0.0), axis=1)
+        b_h0 = tl.where((o_prev < 0) | (o_prev >= BLOCK_R), b_enter, b_h0)
+    return b_h0
 
 
 @triton.jit
@@ -347,7 +421,7 @@ def _linear_scan_fwd_kernel(
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, REVERSE)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, REVERSE, LOOKBACK)
         b_a = load_tile(a_ptr, o_o, o_i, o_t, s_a_o, s_a_t, s_a_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_b = load_tile(b_ptr, o_o, o_i, o_t, s_b_o, s_b_t, s_b_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_h_all, b_h = scan_tile(b_a, b_b, b_h, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
@@ -369,26 +443,31 @@ def _param_names(name: str) -> tuple[str, ...]:
     return f"{name}_ptr", f"s_{name}_o", f"s_{name}_t", f"s_{name}_i", f"{name.upper()}_TENSOR"
 
 
-def launch_config(layout: Layout) -> dict:
-    """Tile sizes, grid and mode of a launch over ``layout``.
+def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
+    """Tile sizes, grid and mode of a launch of the kernel ``kernel_name`` over ``layout``.
 
     One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps; or, for long
-    float32 sequences in too few rows to fill the GPU that way, one program per ``LOOKBACK_BLOCK_T``-step chunk
-    with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back window). The look-back
-    composes a chunk's entering state from whichever predecessors have published, so its rounding may differ in
-    the last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the per-row kernels run.
+    float32 sequences in too few rows to fill the GPU that way, one program per chunk of ``LOOKBACK_BLOCK_T``
+    steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
+    ``LOOKBACK_SEGMENTED``) with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back
+    window). The look-back composes a chunk's entering state from whichever predecessors have published, so its
+    rounding may differ in the last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the
+    per-row kernels run. A kernel in ``REGISTER_CAPS`` gets its cap (``maxnreg``) on ``WARP_LOCAL_T``-step row
+    tiles with float32 accumulation.
     """
     if (layout.acc_dtype == torch.float32 and layout.T >= LOOKBACK_MIN_T and layout.rows <= LOOKBACK_MAX_ROWS
             and LOOKBACK_WINDOW and not torch.are_deterministic_algorithms_enabled()):
-        block_t = LOOKBACK_BLOCK_T
-        return {"grid": (layout.rows * _cdiv(layout.T, block_t),), "BLOCK_R": 1, "BLOCK_T": block_t,
+        block_r, block_t = 1, LOOKBACK_BLOCK_T
+        if kernel_name in LOOKBACK_SEGMENTED:
+            block_r, block_t = LOOKBACK_SEGMENTS, LOOKBACK_SEGMENT_T
+        return {"grid": (layout.rows * _cdiv(layout.T, block_r * block_t),), "BLOCK_R": block_r, "BLOCK_T": block_t,
                 "num_warps": LOOKBACK_WARPS, "NUM_STAGES": 1, "LOOKBACK": LOOKBACK_WINDOW}
     block_t = min(max(_pow2(layout.T), 2), MAX_BLOCK_T)
     block_r = max(1, min(_pow2(layout.rows), max(1, TILE_ELEMENTS // block_t)))
     num_warps = 4
     if SHORT_BLOCK_T < layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
         block_t, block_r, num_warps = SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS
-    return {
+    cfg = {
         "grid": (_cdiv(layout.rows, block_r),),
         "BLOCK_R": block_r,
         "BLOCK_T": block_t,
@@ -396,6 +475,9 @@ def launch_config(layout: Layout) -> dict:
         "NUM_STAGES": 1,
         "LOOKBACK": 0,
     }
+    if block_t == WARP_LOCAL_T and layout.acc_dtype == torch.float32 and kernel_name in REGISTER_CAPS:
+        cfg["maxnreg"] = REGISTER_CAPS[kernel_name]
+    return cfg
 
 
 def triton_dtype(dtype: torch.dtype):
@@ -530,8 +612,8 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
             number_slots.append(name)
     h0, ht = state_buffers(layout, initial_state, output_final_state)
     slots += ["h0_ptr"] * (h0 is not None) + number_slots + ["ht_ptr"] * (ht is not None)
-    cfg = dict(launch_config(layout))
-    grid, num_warps = cfg.pop("grid"), cfg.pop("num_warps")
+    cfg = dict(launch_config(layout, lean.name))
+    grid, num_warps, maxnreg = cfg.pop("grid"), cfg.pop("num_warps"), cfg.pop("maxnreg", None)
     lb = None
     if cfg["LOOKBACK"]:  # the ticket counter and three status words per chunk, all zero
         lb = torch.zeros(1 + 3 * grid[0], dtype=torch.int64, device=layout.device)
@@ -542,9 +624,9 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         ACC=triton_dtype(layout.acc_dtype),
         CUT_A=not (finite_a and all_numbers), **cfg, **constexprs,
     )
-    lean(grid, num_warps, **kwargs)
+    lean(grid, num_warps, maxnreg, **kwargs)
     if key is not None and key not in _PLANS and is_cached(layout):
-        plan = _LaunchPlan.of(lean, settings, layout, grid, num_warps, kwargs, slots, ptrs, numbers)
+        plan = _LaunchPlan.of(lean, settings, layout, grid, num_warps, maxnreg, kwargs, slots, ptrs, numbers)
         if plan is not False:  # False: no compiled kernel to replay yet (the next call tries again)
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
@@ -565,8 +647,10 @@ _VIEW_FACTS = operator.attrgetter("shape", "dtype", "device")
 
 
 def _config_key() -> tuple:
-    """What ``launch_config`` reads besides the layout (tests and sweeps change these constants)."""
-    return (MAX_BLOCK_T, TILE_ELEMENTS, LOOKBACK_MIN_T, LOOKBACK_MAX_ROWS, LOOKBACK_BLOCK_T, LOOKBACK_WARPS,
+    """``launch_config`` and what it reads besides the layout (tests and sweeps change these constants, and
+    ``benchmarks/sweep_configs.py`` replaces the function itself)."""
+    return (launch_config, MAX_BLOCK_T, TILE_ELEMENTS, LOOKBACK_MIN_T, LOOKBACK_MAX_ROWS, LOOKBACK_BLOCK_T,
+            LOOKBACK_WARPS, LOOKBACK_SEGMENT_T, LOOKBACK_SEGMENTS, id(LOOKBACK_SEGMENTED), id(REGISTER_CAPS),
             LOOKBACK_WINDOW, SHORT_T, SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS,
             torch.are_deterministic_algorithms_enabled())
 
@@ -626,8 +710,8 @@ class _LaunchPlan(NamedTuple):
     lookback: int | None  # size of the look-back status buffer (None: no look-back)
 
     @classmethod
-    def of(cls, lean, settings: tuple, layout: Layout, grid, num_warps: int, kwargs: dict, slots: list, ptrs: tuple,
-           numbers: list):
+    def of(cls, lean, settings: tuple, layout: Layout, grid, num_warps: int, maxnreg, kwargs: dict, slots: list,
+           ptrs: tuple, numbers: list):
         """The plan of the launch just made with ``kwargs``; None where one cannot be replayed (a tensor copied
         or moved to the device, a misaligned buffer), False where no compiled kernel is remembered for it (yet)."""
         if any(kwargs[slot].data_ptr() != ptr for slot, ptr in zip(slots, ptrs)):
@@ -635,7 +719,7 @@ class _LaunchPlan(NamedTuple):
         buffers = [kwargs[slot] for slot in slots[len(ptrs):] if isinstance(kwargs[slot], torch.Tensor)]
         if any(b.data_ptr() & 15 for b in buffers):
             return None
-        compiled = lean.compiled_for(settings, num_warps, kwargs)
+        compiled = lean.compiled_for(settings, num_warps, maxnreg, kwargs)
         if compiled is None:
             return False
         names = lean.specializer.names

@@ -57,7 +57,7 @@ def _td_lambda_fwd_kernel(
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_d = load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         if SAME_FLAGS:  # one tensor serves as done and terminated: read once
@@ -68,7 +68,7 @@ def _td_lambda_fwd_kernel(
                 b_d = tl.maximum(b_d, b_term)
         if (not HAS_INITIAL_STATE) and HAS_NEXT_VALUE:
             # the window end bootstraps like a truncation (without next values that is from zero, as h_T = 0 is)
-            b_d = tl.where((o_t == T - 1)[None, :], 1.0, b_d)
+            b_d = tl.where(o_t == T - 1, 1.0, b_d)
         if HAS_NEXT_VALUE:
             # V' of a terminated step is never read (nor can a NaN there leak)
             b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC), b_term != 0)

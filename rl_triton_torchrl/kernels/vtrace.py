@@ -105,7 +105,7 @@ def _vtrace_fwd_kernel(
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK)
         b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g = _vtrace_step(
             lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
             gamma, rho_thresh, c_thresh, o_o, o_i, o_t, m,
@@ -125,8 +125,8 @@ def _vtrace_fwd_kernel(
         # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone
         o_t1 = o_t + 1
         m_t1 = o_t1 < T
-        b_v1 = load_tile(v_ptr, o_o, o_i, o_t1, s_v_o, s_v_t, s_v_i, m_r[:, None] & m_t1[None, :], ACC)
-        b_v1 = tl.where(m_t1[None, :], b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
+        b_v1 = load_tile(v_ptr, o_o, o_i, o_t1, s_v_o, s_v_t, s_v_i, m_r[:, None] & m_t1, ACC)
+        b_v1 = tl.where(m_t1, b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         b_vs1 = tl.where(b_nd > 0.0, b_h1 + b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
         store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
