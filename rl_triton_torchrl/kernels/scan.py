@@ -68,14 +68,14 @@ LOOKBACK_WARPS = 4
 LOOKBACK_SEGMENT_T = 128
 LOOKBACK_SEGMENTS = 32
 LOOKBACK_SEGMENTED = frozenset({"_vtrace_fwd_kernel", "_td_lambda_fwd_kernel"})
+LOOKBACK_WINDOW = 32
 # Registers per thread, capped per kernel for the WARP_LOCAL_T-step row tiles with float32 accumulation (Triton's
 # ``maxnreg``): more programs per SM. H200 (sweep_regs.md, sweep_regs_ab.md), against the uncapped kernel: GAE at 40
 # (48 uncapped) 2-7% faster at 16384 x 2048, 65536 x 512 and 65536 x 2048; V-trace at 64 (76) 10-17% faster. The
 # TD(lambda) kernel uses 32 and was slower capped at 40-64. Replace the dict to change it (as LOOKBACK_SEGMENTED).
 REGISTER_CAPS = {"_gae_fwd_kernel": 40, "_vtrace_fwd_kernel": 64}
-LOOKBACK_WINDOW = 32
 # Sequences of 5-8 steps: tiles of 4 steps (two per sequence) in 256 rows on 8 warps were 1.1-1.5x faster than whole
-# 8-step tiles at 16384-65536 rows in the same sweep.
+# 8-step tiles at 16384-65536 rows in the sweep of sweep_configs.md.
 SHORT_T, SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS = 8, 4, 256, 8
 # Reverse scans of tiles exactly WARP_LOCAL_T steps wide (32 lanes x 4 steps: one warp per row) reverse the tile
 # themselves and scan forward (see scan_tile_enter). For narrower tiles Triton's gather first moves the tile into a
