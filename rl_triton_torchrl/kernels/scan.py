@@ -115,13 +115,19 @@ def _row_block(n_rows, inner, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
+def _chunk_start(i_c, n_chunks, CHUNK_T: tl.constexpr, REVERSE: tl.constexpr):
+    """The first time step (int64) of the i_c-th chunk of CHUNK_T steps visited in scan order."""
+    if REVERSE:
+        t0 = (n_chunks - 1 - i_c) * CHUNK_T
+    else:
+        t0 = i_c * CHUNK_T
+    return t0.to(tl.int64)
+
+
+@triton.jit
 def _chunk_time(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
     """Time indices [BLOCK_T] (int64) and their mask of the i_c-th chunk visited in scan order."""
-    if REVERSE:
-        t0 = (n_chunks - 1 - i_c) * BLOCK_T
-    else:
-        t0 = i_c * BLOCK_T
-    o_t = t0.to(tl.int64) + tl.arange(0, BLOCK_T)
+    o_t = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE) + tl.arange(0, BLOCK_T)
     return o_t, o_t < T
 
 
@@ -163,11 +169,8 @@ def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, L
     """
     if LOOKBACK:
         BLOCK_R: tl.constexpr = m_r.shape[0]
-        if REVERSE:
-            t0 = (n_chunks - 1 - i_c) * (BLOCK_R * BLOCK_T)
-        else:
-            t0 = i_c * (BLOCK_R * BLOCK_T)
-        o_t = t0.to(tl.int64) + (tl.arange(0, BLOCK_R) * BLOCK_T)[:, None] + tl.arange(0, BLOCK_T)[None, :]
+        o_t = (_chunk_start(i_c, n_chunks, BLOCK_R * BLOCK_T, REVERSE) + (tl.arange(0, BLOCK_R) * BLOCK_T)[:, None]
+               + tl.arange(0, BLOCK_T)[None, :])
         m = m_r[:, None] & (o_t < T)
     else:
         o_t_1d, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, REVERSE)
