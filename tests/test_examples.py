@@ -133,3 +133,44 @@ def test_compare_curves(tmp_path):
     assert len(runs) == 2 and all(float(r["adv_max_abs_diff"]) <= 1e-4 for r in runs)
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)
     assert "final return" in (tmp_path / "summary.md").read_text()
+
+
+# ---- PPO with the environments on the device: rsl_rl's runner and TorchRL (examples/gpu_envs) ----
+
+TINY_GPU_PPO = ["--device", "cpu", "--num-envs", "8", "--rollout-len", "8", "--total-frames", "128", "--epochs", "2",
+                "--minibatch-size", "16", "--no-progress"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--recompute-advantage", "--env", "Pendulum"]], ids=["CartPole", "Pendulum"])
+@pytest.mark.parametrize("estimator", ["torchrl", "triton"])
+def test_ppo_gpu(tmp_path, estimator, extra):
+    rows = load("ppo_gpu").main(["--estimator", estimator, "--out", str(tmp_path), "--cross-check", *TINY_GPU_PPO,
+                                 *extra])
+    assert len(rows) == 2
+    rows = check_outputs(tmp_path, 2, ["frames", "fps", "wall_time_s", "return_mean", "loss_objective", "loss_critic",
+                                       "collection_time_s", "estimator_time_s", "update_time_s", "iteration_time_s"])
+    assert_estimators_agree(rows)
+
+
+def test_ppo_gpu_rejects_cudagraphs_on_cpu(tmp_path):
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        load("ppo_gpu").main(["--update", "cudagraphs", "--out", str(tmp_path), *TINY_GPU_PPO])
+
+
+@pytest.mark.parametrize("extra", [[], ["--exact-timeouts", "--env", "Pendulum", "--max-episode-steps", "5"],
+                                   ["--recurrent", "--per-minibatch-normalization"]],
+                         ids=["default", "exact-timeouts", "recurrent"])
+@pytest.mark.parametrize("algorithm", ["rsl_rl", "triton"])
+def test_rsl_rl_ppo(tmp_path, algorithm, extra):
+    pytest.importorskip("rsl_rl")
+    if algorithm == "rsl_rl" and "--exact-timeouts" in extra:
+        with pytest.raises(SystemExit, match="options of our PPO"):
+            load("rsl_rl_ppo").parse_args(["--algorithm", algorithm, *extra])
+        return
+    load("rsl_rl_ppo").main(["--algorithm", algorithm, "--device", "cpu", "--num-envs", "8", "--steps", "6",
+                             "--iterations", "3", "--out", str(tmp_path), "--no-progress", *extra])
+    rows = read_rows(tmp_path / "progress.csv")
+    assert [int(r["frames"]) for r in rows] == [48, 96, 144]
+    assert all(float(r["compute_returns_time_s"]) > 0 and float(r["fps"]) > 0 for r in rows)
+    assert all(r["loss_value"] != "" for r in rows)
+    assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)

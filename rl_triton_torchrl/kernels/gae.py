@@ -11,6 +11,11 @@ a reverse scan with :math:`a_t = \gamma_t \lambda_t (1 - \mathrm{done}_t)` and :
 from it and a termination does not; ``done`` stops the recursion either way. Past the last step
 :math:`A_T` is ``initial_state`` (the advantage carried from the following segment of the same rollout) or zero.
 The same numbers as TorchRL's loop ``generalized_advantage_estimate``.
+
+Shifted input: with ``next_state_value=None`` and ``last_state_value`` given, :math:`V'_t` is read from
+``state_value`` one step on, :math:`V'_t = V_{t+1}` for :math:`t < T - 1` and :math:`V'_{T-1}` = ``last_state_value``
+(the layout of rollout buffers that store each value once, such as rsl_rl's and Stable-Baselines3's), with no
+``next_state_value`` tensor built.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import check_coef, check_inputs, resolve_backend
+from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs, not_flag,
     row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state, store_tile,
@@ -46,9 +51,10 @@ def _gae_fwd_kernel(
     s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
     SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr, SHIFTED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
+    # SHIFTED: V' is v one step on, and nv holds the last value [*B, *F] (time stride 0), read at t = T - 1 only
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
@@ -57,8 +63,14 @@ def _gae_fwd_kernel(
         b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
                                        s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
+        if SHIFTED:
+            b_nv = load_tile(v_ptr, o_o, o_i, o_t + 1, s_v_o, s_v_t, s_v_i, m & (o_t + 1 < T), ACC)
+            b_lv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m & (o_t == T - 1), ACC)
+            b_nv = tl.where(o_t == T - 1, b_lv, b_nv)  # [BLOCK_R, BLOCK_T]
+        else:
+            b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         # V' of a terminated step is never read (nor can a NaN there leak)
-        b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC), b_nterm == 0)
+        b_nv = zero_where(b_nv, b_nterm == 0)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
         b_a, b_b = _gae_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_l)
@@ -71,7 +83,7 @@ def _gae_fwd_kernel(
 def gae(
     reward: torch.Tensor,
     state_value: torch.Tensor,
-    next_state_value: torch.Tensor,
+    next_state_value: torch.Tensor | None,
     done: torch.Tensor,
     terminated: torch.Tensor | None = None,
     *,
@@ -80,6 +92,7 @@ def gae(
     time_dim: int = -2,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    last_state_value: torch.Tensor | None = None,
     backend: str = "auto",
 ):
     r"""Generalized advantage estimate and value target in one pass.
@@ -87,7 +100,8 @@ def gae(
     Args:
         reward (Tensor): ``[*B, T, *F]`` rewards.
         state_value (Tensor): ``[*B, T, *F]`` values :math:`V(s_t)`.
-        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations :math:`V(s_{t+1})`.
+        next_state_value (Tensor or None): ``[*B, T, *F]`` values of the next observations :math:`V(s_{t+1})`;
+            ``None`` with ``last_state_value`` to read them from ``state_value`` one step on (shifted mode).
         done (Tensor): ``[*B, T, *F]`` bool, the trajectory ends after step t (terminated or truncated).
         terminated (Tensor, optional): ``[*B, T, *F]`` bool, the episode terminated at step t (no bootstrap).
             Defaults to ``done``.
@@ -101,6 +115,13 @@ def gae(
             follows this one. Defaults to zero.
         output_final_state (bool): also return :math:`A_0` (float32, or float64 for float64 inputs), the state to
             pass as ``initial_state`` to the preceding segment. Defaults to ``False``.
+        last_state_value (Tensor, optional): ``[*B, *F]`` value of the observation after the last step,
+            :math:`V(s_T)`, in the inputs' dtype. Given (with ``next_state_value=None``), :math:`V(s_{t+1})` is read
+            from ``state_value`` at step t + 1 for t < T - 1 and from ``last_state_value`` at t = T - 1, with no
+            next-value tensor built: the storage of rollout buffers that keep one value per step (rsl_rl,
+            Stable-Baselines3). After a done step, ``state_value`` at t + 1 belongs to the next episode, so no step
+            that is done may bootstrap: leave ``terminated`` to default to ``done``, as those libraries do (they
+            bootstrap time-outs in the reward). Mutually exclusive with ``next_state_value``.
         backend (str): ``"auto"`` (Triton on CUDA, torch elsewhere), ``"triton"`` or ``"torch"``.
 
     Returns:
@@ -113,14 +134,33 @@ def gae(
         >>> adv, target = gae(reward, value, value, done, gamma=0.9, lmbda=1.0)
         >>> adv[0, :, 0]
         tensor([3.4390, 2.7100, 1.9000, 1.0000])
+
+        The same rollout stored time-major, each value once (rsl_rl's ``[T, N, 1]`` storage):
+
+        >>> value = torch.zeros(4, 2, 1)
+        >>> last_value = torch.zeros(2, 1)
+        >>> adv, target = gae(reward.transpose(0, 1), value, None, done.transpose(0, 1), gamma=0.9, lmbda=1.0,
+        ...                   time_dim=0, last_state_value=last_value)
+        >>> adv[:, 0, 0]
+        tensor([3.4390, 2.7100, 1.9000, 1.0000])
     """
+    shifted = next_state_value is None
+    if shifted != (last_state_value is not None):
+        if shifted:
+            raise TypeError("next_state_value must be a floating-point torch.Tensor, got None (or pass "
+                            "last_state_value, [*B, *F], to read V(s_{t+1}) from state_value one step on)")
+        raise InputError("pass next_state_value or last_state_value, not both (last_state_value reads "
+                         "V(s_{t+1}) from state_value one step on, in place of next_state_value)")
     layout = check_inputs(
         time_dim,
         {"reward": reward, "state_value": state_value, "next_state_value": next_state_value},
         {"done": done, "terminated": terminated},
-        {"initial_state": initial_state},
-        optional=("terminated",),
+        {"initial_state": initial_state, "last_state_value": last_state_value},
+        optional=("terminated", "next_state_value") if shifted else ("terminated",),
     )
+    if shifted and last_state_value.dtype != layout.dtype:
+        raise TypeError(f"last_state_value has dtype {last_state_value.dtype} but reward has {layout.dtype}: pass "
+                        "one float dtype")
     gamma = check_coef("gamma", gamma, layout)
     lmbda = check_coef("lmbda", lmbda, layout)
     terminated = done if terminated is None else terminated
@@ -128,10 +168,15 @@ def gae(
     if layout.empty:
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, reward, state_value, next_state_value, gamma, lmbda,
-                                  initial_state)) != "triton":
+                                  initial_state, last_state_value)) != "triton":
         v = rows_time(state_value, layout)
+        if shifted:  # V(s_(t+1)): v one step on, then the last value
+            nv = torch.cat([v[:, 1:], rows_state(last_state_value).to(v.dtype)[:, None]], 1)
+            nv = torch.where(rows_time(terminated, layout), 0.0, nv)
+        else:
+            nv = rows_time_unless(next_state_value, terminated, layout)
         b_a, b_b = gae_coefficients(
-            rows_time(reward, layout), v, rows_time_unless(next_state_value, terminated, layout),
+            rows_time(reward, layout), v, nv,
             not_flag(done, layout),
             not_flag(terminated, layout), rows_time(gamma, layout), rows_time(lmbda, layout),
         )
@@ -140,9 +185,12 @@ def gae(
     else:
         ht = launch(
             _gae_fwd_kernel, layout,
-            inputs={"r": reward, "v": state_value, "nv": next_state_value, "d": done, "term": terminated},
+            # shifted: nv is the last value as a [*B, 1, *F] view, broadcast along time (stride 0)
+            inputs={"r": reward, "v": state_value,
+                    "nv": last_state_value.unsqueeze(layout.time_dim) if shifted else next_state_value,
+                    "d": done, "term": terminated},
             coefs={"gamma": gamma, "lmbda": lmbda},
             outputs={"adv": adv, "vt": vt},
-            initial_state=initial_state, output_final_state=output_final_state, finite_a=True,
+            initial_state=initial_state, output_final_state=output_final_state, finite_a=True, SHIFTED=shifted,
         )
     return (adv, vt, ht) if output_final_state else (adv, vt)
