@@ -177,6 +177,38 @@ def wall_time_us(fn, calls: int | None = None, budget_s: float = 0.5) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def full_call_us(fn, calls: int = 30, repeats: int = 5) -> float:
+    """One full call timed on its own, rl-triton's headline method: the device drained, an event, the call, an event,
+    the device drained; the median of ``calls`` such calls, the best of ``repeats`` medians, in microseconds.
+
+    The time between the two events counts the host's launch work of the call where the device waits on it (a call
+    that launches several kernels, or whose host work outlasts the device's) and the device's run of it, L2 warm. On
+    the CPU (a smoke run) host wall time per call the same way.
+    """
+    medians = []
+    if torch.cuda.is_available():
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(repeats):
+            times = []
+            for _ in range(calls):
+                torch.cuda.synchronize()
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) * 1e3)
+            medians.append(statistics.median(times))
+    else:
+        for _ in range(repeats):
+            times = []
+            for _ in range(calls):
+                begin = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - begin) * 1e6)
+            medians.append(statistics.median(times))
+    return min(medians)
+
+
 def write_results(name: str, env: dict, rows: list[dict], subdir: str, table_columns: list[tuple[str, str]],
                   title: str, notes: str = "") -> Path:
     """Writes ``results/<subdir>/<name>.json`` and a markdown table ``<name>.md`` generated from it."""

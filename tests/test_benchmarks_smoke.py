@@ -151,3 +151,185 @@ def test_report_judges_small_gae_on_kernel_time(bench_modules, tmp_path):
     text = report.write_report(path, with_plots=False).read_text()
     assert "| 4096 | 32 | 7.00 | 3.50 | 0.68 |" in text
     assert "✓ ≤5 µs: kernel 3.50 µs (one-call graph 7.00 µs)" in text
+
+
+# --- the peer benchmark (bench_peers.py, report_peers.py) ---------------------------------------------------------
+
+PEER_VARS = ("RL_TRITON_SRC", "RL_TRITON_TESTS", "PUFFERLIB_EXT")
+
+
+@pytest.fixture(scope="module")
+def peers():
+    """bench_peers and report_peers importable in this process."""
+    sys.path.insert(0, str(BENCH))
+    import bench_peers
+    import report_peers
+
+    yield bench_peers, report_peers
+    sys.path.remove(str(BENCH))
+
+
+def test_bench_peers_smoke(tmp_path):
+    """The peer benchmark end to end on the CPU, peers absent: every algorithm of the release grid (with and without
+    truncations) checked against float64 and timed, the cliff sweep, our kernels API's host rows, both first-call
+    processes (an empty Triton cache, then the filled one), and the report with its summary per target."""
+    env = {k: v for k, v in os.environ.items() if k not in PEER_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "bench_peers.py", "--smoke", "--parts", "release,cliffs,host,first_call",
+                             "--release-shapes", "4x5", "--host-parts", "kernels", "--out", str(tmp_path)],
+                            cwd=BENCH, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads((tmp_path / "bench_peers.json").read_text())["rows"]
+    ours = {(r["algorithm"], r["truncation"]): r for r in rows if r["part"] == "release" and r["impl"] == "ours"}
+    with_flag = ("gae", "td_lambda", "vtrace", "discounted_return", "retrace_discrete")
+    assert set(ours) == ({(a, t) for a in with_flag for t in ("with", "without")}
+                         | {("eligibility_traces", "n/a"), ("episodic_prefix_sum", "n/a")})
+    assert {r["status"] for r in ours.values()} == {"ok"}, [(k, r["status"]) for k, r in ours.items()]
+    assert all(r["max_err"] < 1e-4 and r["full_call_us"] > 0 and r["wall_us"] > 0 for r in ours.values())
+    peer_rows = [r for r in rows if r["part"] == "release" and r["impl"] == "rl_triton"]
+    assert len(peer_rows) == 12 and all(r["status"].startswith("not available") for r in peer_rows)
+    cliffs = [r for r in rows if r["part"] == "cliffs"]
+    assert {(r["B"], r["T"]) for r in cliffs} == {(B, T) for B in (1, 3) for T in range(1, 6)}
+    assert {r["status"] for r in cliffs} == {"ok"}
+    host = {r["name"]: r for r in rows if r["part"] == "host"}
+    assert {"gae", "retrace_discrete", "td_lambda_advantage", "retrace", "linear_scan"} <= set(host)
+    assert {r["status"] for r in host.values()} == {"ok"}
+    first = [r for r in rows if r["part"] == "first_call"]
+    for cache in ("fresh", "warm"):
+        calls = {r["name"]: r for r in first if r["cache"] == cache}
+        assert set(calls) == {"process", *ours_algorithms()}, calls
+        assert calls["process"]["import_package_s"] > 0 and all(r["status"] == "ok" for r in calls.values())
+    md = (tmp_path / "bench_peers.md").read_text()
+    assert "## Summary per target" in md and "| ? | (a) full call ≤ rl-triton, its release grid | 0 |" in md
+    assert "## Cliffs (device time per element)" in md and "## First call" in md
+
+
+def ours_algorithms():
+    return ("gae", "td_lambda", "vtrace", "discounted_return", "eligibility_traces", "episodic_prefix_sum",
+            "retrace_discrete")
+
+
+def test_bench_peers_host_functionals_and_modules(peers, tmp_path, monkeypatch):
+    """The host part's TorchRL-signature functionals (each checked against TorchRL's function of the same name) and
+    estimator modules (through bench_estimators.measure, checked against TorchRL's class), in this process."""
+    bench_peers, _ = peers
+    for k in PEER_VARS:
+        monkeypatch.delenv(k, raising=False)
+    bench_peers.main(["--smoke", "--parts", "host", "--host-parts", "functionals,modules", "--out", str(tmp_path),
+                      "--no-report"])
+    rows = json.loads((tmp_path / "bench_peers.json").read_text())["rows"]
+    functionals = {r["name"]: r for r in rows if r.get("kind") == "functional"}
+    assert set(functionals) == set(bench_peers.FUNCTIONALS)
+    assert {r["status"] for r in functionals.values()} == {"ok"}, {k: r["status"] for k, r in functionals.items()}
+    assert all(r["max_err"] < 1e-4 for r in functionals.values())
+    modules = {r["name"]: r for r in rows if r.get("kind") == "estimator"}
+    assert set(modules) == {"GAE", "TDLambdaEstimator", "VTrace"}
+    assert {r["status"] for r in modules.values()} == {"ok"}, modules
+    assert all(r["wall_us"] > 0 and r["torchrl_wall_us"] > 0 for r in modules.values())
+
+
+def test_peer_rollout_is_consistent(peers):
+    """The rollout every peer reads: next values are the next step's values inside an episode, terminations and
+    truncations exclusive, the edge cases drawn; without truncations every episode end is a termination."""
+    bench_peers, _ = peers
+    x = bench_peers.rollout(6, 9, seed=1, device="cpu")
+    inside = ~x["done"][:, :-1]
+    torch.testing.assert_close(x["nv"][:, :-1][inside], x["v"][:, 1:][inside])
+    assert not (x["term"] & x["trunc"]).any() and torch.equal(x["done"], x["term"] | x["trunc"])
+    assert x["trunc"][0, -1] and x["term"][1, -1] and x["trunc"][2, 1] and x["term"][2, 2]
+    y = bench_peers.for_truncation(x, "without")
+    assert torch.equal(y["term"], x["done"]) and not y["trunc"].any()
+
+
+def test_peers_plan_counts_the_grids(peers):
+    """--plan: rl-triton's 12 shapes x (5 algorithms with and without truncations + 2 without a flag), PufferLib's 3
+    x 6, the cliff sweep's 9 B x 88 T; --quick fewer, and estimated shorter."""
+    bench_peers, _ = peers
+    Ts = bench_peers.cliff_Ts()
+    assert Ts[:64] == list(range(1, 65)) and max(Ts) == 4096 and len(Ts) == 88
+    assert {95, 96, 97} - set(Ts) == {95, 97} and {127, 129, 192, 3072, 4095} <= set(Ts) and 4097 not in Ts
+    p = bench_peers.plan(bench_peers.parse_args(["--plan", "--budget-s", "420"]))["parts"]
+    assert p["release"]["cells"] == 12 * (5 * 2 + 2) and p["pufferlib"]["cells"] == 18
+    assert p["cliffs"]["cells"] == 9 * 88
+    quick = bench_peers.plan(bench_peers.parse_args(["--plan", "--quick", "--budget-s", "420"]))
+    full = bench_peers.plan(bench_peers.parse_args(["--plan", "--budget-s", "420"]))
+    assert quick["total_s"] < full["total_s"] <= 420
+
+
+def _rl_triton_snapshot():
+    """rl-triton's extracted snapshot (src and tests), where this checkout has one: $RL_TRITON_SRC, else .peers/."""
+    src = Path(os.environ["RL_TRITON_SRC"]) if os.environ.get("RL_TRITON_SRC") else ROOT / ".peers" / "rl_triton_src"
+    for tests in (Path(os.environ.get("RL_TRITON_TESTS", "/nonexistent")), src.parent / "rl_triton_tests",
+                  src.parent / "tests"):
+        if (src / "rl_triton").is_dir() and (tests / "test_gae.py").exists():
+            return src, tests
+    return None
+
+
+@pytest.mark.skipif(_rl_triton_snapshot() is None,
+                    reason="rl-triton's snapshot is not here ($RL_TRITON_SRC or .peers/, with its tests/; CI has none)")
+def test_peer_mapping_matches_rl_triton_references(peers):
+    """Our inputs mapped onto rl-triton's API give, through rl-triton's own pure-torch references (imported from its
+    snapshot), the numbers of our float64 references: every algorithm, with and without truncations. A mapping
+    without the window's bootstrap fails the same check for every algorithm that bootstraps there."""
+    bench_peers, _ = peers
+    src, tests = _rl_triton_snapshot()
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    try:
+        rows = bench_peers.check_mapping(tests, src)
+        assert len(rows) == 12 and all(r["ok"] for r in rows), [r["message"] for r in rows if not r["ok"]]
+        wrong = {(r["algorithm"], r["truncation"]): r["ok"]
+                 for r in bench_peers.check_mapping(tests, src, zero_window_bootstrap=True)}
+        must_fail = [(a, t) for a in ("gae", "td_lambda", "vtrace") for t in ("with", "without")]
+        assert not any(wrong[k] for k in must_fail + [("discounted_return", "with")]), wrong
+    finally:
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - saved_modules:
+            del sys.modules[name]
+
+
+def _peer_row(part, algo, impl, B, T, truncation="with", **timings):
+    return {"part": part, "algorithm": algo, "impl": impl, "B": B, "T": T, "truncation": truncation,
+            "dtype": "float32", "status": timings.pop("status", "ok"), **timings}
+
+
+def test_report_peers_judges_each_target(peers, tmp_path):
+    """The summary: a cell meets (a) and misses (b); a cell where rl-triton's check failed is not judged and has no
+    ratio; a cell where ours failed misses; host bounds per function; the floor exemption of the cliff rule; the
+    first-call bounds."""
+    _, report_peers = peers
+    rows = [
+        _peer_row("release", "gae", "ours", 4096, 128, full_call_us=10.0, graph_us=4.0, device_us=6.0),
+        _peer_row("release", "gae", "rl_triton", 4096, 128, full_call_us=40.0, graph_us=3.0, device_us=7.0),
+        _peer_row("release", "vtrace", "ours", 4096, 128, full_call_us=10.0, graph_us=4.0, device_us=6.0),
+        _peer_row("release", "vtrace", "rl_triton", 4096, 128, status="wrong: rl-triton vs float64 output 0"),
+        _peer_row("release", "td_lambda", "ours", 4096, 128, status="wrong: ours vs float64 output 0"),
+        _peer_row("release", "td_lambda", "rl_triton", 4096, 128, full_call_us=40.0, graph_us=3.0, device_us=7.0),
+        {"part": "host", "kind": "kernels", "name": "retrace_discrete", "B": 4096, "T": 128, "status": "ok",
+         "wall_us": 14.0},
+        {"part": "host", "kind": "kernels", "name": "gae", "B": 4096, "T": 128, "status": "ok", "wall_us": 11.0},
+        {"part": "first_call", "cache": "fresh", "name": "gae", "B": 4096, "T": 128, "status": "ok",
+         "first_call_s": 0.25},
+        {"part": "first_call", "cache": "warm", "name": "gae", "B": 4096, "T": 128, "status": "ok",
+         "first_call_s": 0.03},
+    ]
+    # cliffs at B = 4096: T = 129 padded to the next power's time (a cliff); at B = 1 every cell at the floor, so
+    # T = 3 and 5 exceed the per-element rule alone
+    for T, us in ((128, 10.0), (129, 20.0), (256, 20.0)):
+        rows.append(_peer_row("cliffs", "gae", "ours", 4096, T, device_us=us))
+    for T in (2, 3, 4, 5, 8):
+        rows.append(_peer_row("cliffs", "gae", "ours", 1, T, device_us=5.0))
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps({"environment": {"device": "cuda", "gpu": "NVIDIA H200", "peers": {}}, "rows": rows}))
+    text = report_peers.write_report(path).read_text()
+    assert ("| ✗ | (a) full call ≤ rl-triton, its release grid | 2 | 1 | 1 | 1 rl-triton wrong | "
+            "td_lambda 4096x128 with: ours wrong: ours vs float64 output 0 |") in text
+    assert "| ✗ | (b) device (50-call graph) ≤ rl-triton, release grid | 2 | 0 | 2 | 1 rl-triton wrong |" in text
+    assert "| with | 4096 | 128 | 10.00 | 40.00 | 0.25 | 4.00 | 3.00 | 1.33 |" in text
+    assert "| with | 4096 | 128 | 10.00 | - | - | 4.00 | - | - |" in text  # vtrace: no ratio against a wrong peer
+    assert "| ✗ | (c) kernels API bare call ≤ 10 µs (retrace_discrete ≤ 15 µs), 4096x128 | 2 | 1 | 1 | 0 | gae: 11.00" \
+        in text
+    assert "| ✗ | (d) no cliffs (per-element device time, ≤ 1.25x the powers of two around T) | 3 | 2 | 1 | 0 | " \
+           "gae ours B=4096 T=129: 1.98x | 3 of 3 by the per-element condition alone |" in text
+    assert "| ✓ | (e) first call ≤ 300 ms, fresh Triton cache, 4096x128 | 1 | 1 | 0 |" in text
+    assert "| ✗ | (e) first call ≤ 20 ms, warm Triton cache, 4096x128 | 1 | 0 | 1 |" in text
