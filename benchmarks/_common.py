@@ -15,8 +15,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def environment() -> dict:
-    """What the numbers were measured on."""
-    import triton
+    """What the numbers were measured on ("triton": None where it is not installed: the torch path only)."""
+    from rl_triton_torchrl.kernels._triton import HAS_TRITON, triton
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -29,7 +29,7 @@ def environment() -> dict:
         "commit": os.environ.get("BENCH_COMMIT") or commit or "unknown",
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": triton.__version__,
+        "triton": triton.__version__ if HAS_TRITON else None,
         "cpu": platform.processor() or platform.machine(),
         "cpu_threads": torch.get_num_threads(),
     }

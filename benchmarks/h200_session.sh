@@ -3,8 +3,9 @@
 # estimator. Run from the repository root on the GPU machine (see ../shared/device/README.md for the wheels);
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
-# STEPS picks steps (default: tests kernels estimators sb3 host ppo; also scale, hypothesis, ddp1, ddp2), run in
-# this order: tests kerneltests scale hypothesis sweep kernels estimators sb3 host ppo ddp1 ddp2. All of them take about
+# STEPS picks steps (default: tests kernels estimators sb3 host ppo; also lean0, rslrl_tests, scale, hypothesis, peers,
+# rslrl, rslrl_ppo, ppo_gpu, ddp1, ddp2), run in this order: tests kerneltests lean0 rslrl_tests scale hypothesis sweep
+# kernels estimators sb3 host peers rslrl rslrl_ppo ppo_gpu ppo ddp1 ddp2. All of them take about
 # 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py --plan` estimates it), so
 # with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -31,6 +32,18 @@ if has kerneltests; then  # the files that test the kernels, the look-back mode'
     tests/test_traces_prefix.py tests/test_scan.py tests/test_nonfinite.py tests/test_determinism.py \
     tests/test_autograd.py -v -n 14 -p no:cacheprovider > "$R/pytest_kernels_cuda.log" 2>&1
   grep -E " (FAILED|ERROR) " "$R/pytest_kernels_cuda.log" | head -20; tail -1 "$R/pytest_kernels_cuda.log"
+fi
+if has lean0; then  # the kernel test files once more with the lean launcher and launch plans switched off
+  RL_TRITON_TORCHRL_LEAN_LAUNCH=0 timeout ${LEAN0_TIMEOUT:-200} python -m pytest tests/test_algorithms.py \
+    tests/test_vtrace_retrace.py tests/test_traces_prefix.py tests/test_scan.py tests/test_launch_modes.py \
+    tests/test_launch_config.py tests/test_gae_shifted.py tests/test_nonfinite.py -q -n 14 -p no:cacheprovider \
+    > "$R/pytest_lean0_cuda.log" 2>&1
+  grep -E "(FAILED|ERROR) " "$R/pytest_lean0_cuda.log" | head -20; tail -1 "$R/pytest_lean0_cuda.log"
+fi
+if has rslrl_tests; then  # needs rsl-rl-lib (carried as wheels)
+  timeout 150 python -m pytest tests/test_rsl_rl.py tests/test_gae_shifted.py tests/test_gpu_envs.py -q -n 8 \
+    -p no:cacheprovider > "$R/pytest_rsl_rl_cuda.log" 2>&1
+  grep -E "(FAILED|ERROR) " "$R/pytest_rsl_rl_cuda.log" | head -20; tail -1 "$R/pytest_rsl_rl_cuda.log"
 fi
 if has scale; then  # > 2^31 elements, 2^22 steps, peak memory (GPU-only tests, one process: they need the memory)
   timeout 150 python -m pytest tests/test_scale.py -m gpu_scale -q -s -p no:cacheprovider > "$R/pytest_scale.log" 2>&1
@@ -75,7 +88,29 @@ if has host; then
   timeout 60 python host_overhead.py --B 4096 --T 128 > "$R/h200/host_overhead.json" 2> "$R/host_overhead.err"
   cat "$R/h200/host_overhead.json"
 fi
+if has peers; then  # ours vs rl-triton vs PufferLib (RL_TRITON_SRC, PUFFERLIB_EXT: folders carried in .peers/)
+  RL_TRITON_SRC=${RL_TRITON_SRC:-$PWD/../.peers/rl_triton_src} PUFFERLIB_EXT=${PUFFERLIB_EXT:-$PWD/../.peers/pufferlib} \
+    timeout ${PEERS_TIMEOUT:-540} python bench_peers.py --budget-s ${PEERS_BUDGET:-420} ${PEERS_ARGS:-} --out "$R/h200" \
+    > "$R/bench_peers.log" 2>&1
+  tail -40 "$R/bench_peers.log"
+fi
+if has rslrl; then  # rsl_rl's compute_returns against ours
+  timeout 150 python bench_rsl_rl.py --device cuda --out "$R/h200" > "$R/bench_rsl_rl.log" 2>&1
+  tail -12 "$R/bench_rsl_rl.log"
+fi
 cd ..
+if has rslrl_ppo; then  # rsl_rl's OnPolicyRunner on the GPU CartPole, both algorithms
+  for a in rsl_rl triton; do
+    timeout 200 python examples/rsl_rl_ppo.py --algorithm $a --out "$R/examples/rsl_rl_ppo_$a" ${RSL_ARGS:-} \
+      > "$R/examples/rsl_rl_ppo_$a.log" 2>&1; tail -3 "$R/examples/rsl_rl_ppo_$a.log"
+  done
+fi
+if has ppo_gpu; then  # PPO with the environments on the GPU (TorchRL stack), both estimators
+  for e in torchrl triton; do
+    timeout 200 python examples/ppo_gpu.py --estimator $e --out "$R/examples/ppo_gpu_$e" ${PPO_GPU_ARGS:-} \
+      > "$R/examples/ppo_gpu_$e.log" 2>&1; tail -3 "$R/examples/ppo_gpu_$e.log"
+  done
+fi
 if has ppo; then  # CartPole with 4096 environments on Gymnasium's native vector env, networks on the GPU: both
   # estimators over PPO_SEEDS seeds (curves, table, per-iteration time breakdown in each run's progress.csv)
   timeout 400 python examples/compare_curves.py --seeds ${PPO_SEEDS:-2} --out "$R/examples/compare_ppo_cuda_4096envs" \

@@ -3,6 +3,22 @@
     python examples/gae_quickstart.py [--envs 256] [--steps 1024] [--device cpu]
 """
 import argparse
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--envs", type=int, default=256, help="number of parallel environments (batch)")
+    parser.add_argument("--steps", type=int, default=1024, help="rollout length T")
+    parser.add_argument("--device", default="auto", help="torch device; auto: cuda if available, else cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+# ---- arguments first (CleanRL style): --help and a wrong flag answer before torch and TorchRL are imported ----
+if __name__ == "__main__":
+    ARGS = parse_args()
+
+# ---- the heavy imports (below the arguments on purpose) ----
 import time
 
 import torch
@@ -11,14 +27,9 @@ from torchrl.objectives.value import functional as torchrl_functional
 from rl_triton_torchrl import functional as ours
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--envs", type=int, default=256, help="number of parallel environments (batch)")
-    parser.add_argument("--steps", type=int, default=1024, help="rollout length T")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
+def main(args):
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(args.seed)
     shape = (args.envs, args.steps, 1)  # TorchRL's [*B, T, F] layout
     reward = torch.randn(shape, device=args.device)
@@ -54,4 +65,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

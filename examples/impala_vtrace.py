@@ -24,28 +24,7 @@ only.
 from __future__ import annotations
 
 import argparse
-import copy
-import csv
-import math
 import os
-import time
-from collections import deque
-
-import gymnasium
-import torch
-from tensordict.nn import ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential, TensorDictModule
-from torch import nn
-from torchrl.collectors import Collector
-from torchrl.envs import GymWrapper, RewardSum, TransformedEnv
-from torchrl.modules import OneHotCategorical, ProbabilisticActor, ValueOperator
-from torchrl.objectives import A2CLoss
-from tqdm import tqdm
-
-# ---- the one difference between the two runs: which class computes the V-trace targets ----
-from torchrl.objectives.value import VTrace as TorchRLVTrace  # --estimator torchrl
-from rl_triton_torchrl import VTrace as TritonVTrace  # --estimator triton
-
-VTRACE_CLASSES = {"torchrl": TorchRLVTrace, "triton": TritonVTrace}
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -59,7 +38,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("--estimator", choices=sorted(VTRACE_CLASSES), default="triton",
+    parser.add_argument("--estimator", choices=["torchrl", "triton"], default="triton",
                         help="which VTrace class computes the targets: TorchRL's or rl_triton_torchrl's")
     parser.add_argument("--env-id", default="CartPole-v1", help="a Gymnasium environment with discrete actions")
     parser.add_argument("--seed", type=int, default=0, help="seed for torch and the environments")
@@ -108,6 +87,34 @@ def parse_args(argv=None):
     if args.out is None:
         args.out = os.path.join("runs", f"impala_{args.env_id}_{args.estimator}_{args.seed}")
     return args
+
+
+# ---- arguments first (CleanRL style): --help and a wrong flag answer before torch and TorchRL are imported ----
+if __name__ == "__main__":
+    ARGS = parse_args()
+
+# ---- the heavy imports (below the arguments on purpose) ----
+import copy
+import csv
+import math
+import time
+from collections import deque
+
+import gymnasium
+import torch
+from tensordict.nn import ProbabilisticTensorDictModule, ProbabilisticTensorDictSequential, TensorDictModule
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.envs import GymWrapper, RewardSum, TransformedEnv
+from torchrl.modules import OneHotCategorical, ProbabilisticActor, ValueOperator
+from torchrl.objectives import A2CLoss
+from tqdm import tqdm
+
+# ---- the one difference between the two runs: which class computes the V-trace targets ----
+from torchrl.objectives.value import VTrace as TorchRLVTrace  # --estimator torchrl
+from rl_triton_torchrl import VTrace as TritonVTrace  # --estimator triton
+
+VTRACE_CLASSES = {"torchrl": TorchRLVTrace, "triton": TritonVTrace}
 
 
 def make_env(env_id, num_envs, vectorization, device):
@@ -171,7 +178,8 @@ def plot_curves(rows, path, title, window):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    """Trains; ``argv``: the flags as a list of strings (None: the command line), or as parsed by ``parse_args``."""
+    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     device = torch.device(args.device)
 
@@ -325,4 +333,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -48,12 +48,36 @@ collection / estimator / update / iteration times, global frames per second), ``
 """
 from __future__ import annotations
 
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # ppo_args.py and the single-process example
+import ppo_args
+
+
+def make_parser():
+    """The single-process example's flags (``ppo_args.py``) and this one's."""
+    parser = ppo_args.make_parser(__doc__, prefix="ppo_ddp")
+    parser.add_argument("--checkpoint",
+                        help="rank 0 saves networks, optimiser and counters to this file every --checkpoint-every "
+                             "iterations and at the end")
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="iterations between checkpoints")
+    parser.add_argument("--resume", help="a checkpoint written by --checkpoint to continue from")
+    parser.add_argument("--no-normalize-advantage", dest="normalize_advantage", action="store_false",
+                        help="use the raw GAE advantages instead of normalising them over the global batch")
+    return parser
+
+
+# ---- arguments first (CleanRL style): --help and a wrong flag answer before torch and TorchRL are imported ----
+if __name__ == "__main__":
+    ARGS = ppo_args.parse_args(make_parser(), prefix="ppo_ddp")
+
+# ---- the heavy imports (below the arguments on purpose) ----
 import csv
 import json
 import math
-import os
 import platform
-import sys
 import time
 from collections import deque
 
@@ -64,25 +88,16 @@ from torchrl.collectors import Collector
 from torchrl.objectives import ClipPPOLoss
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the single-process example, imported below
-import ppo_gymnasium as single  # noqa: E402
+import ppo_gymnasium as single  # the single-process example: environment, models, update, logging
 
-from rl_triton_torchrl.distributed import normalize_tensordict_advantage  # noqa: E402
+from rl_triton_torchrl.distributed import normalize_tensordict_advantage
 
 FIELDS = ["iteration", "frames", "wall_time_s", "episodes", "return_mean", *single.LOSS_KEYS, "collection_time_s",
           "estimator_time_s", "update_time_s", "iteration_time_s", "fps", "lr"]
 
 
 def parse_args(argv=None):
-    parser = single.make_parser(__doc__, prefix="ppo_ddp")
-    parser.add_argument("--checkpoint",
-                        help="rank 0 saves networks, optimiser and counters to this file every --checkpoint-every "
-                             "iterations and at the end")
-    parser.add_argument("--checkpoint-every", type=int, default=10, help="iterations between checkpoints")
-    parser.add_argument("--resume", help="a checkpoint written by --checkpoint to continue from")
-    parser.add_argument("--no-normalize-advantage", dest="normalize_advantage", action="store_false",
-                        help="use the raw GAE advantages instead of normalising them over the global batch")
-    return single.parse_args(argv, parser, prefix="ppo_ddp")
+    return single.parse_args(argv, make_parser(), prefix="ppo_ddp")
 
 
 def save_checkpoint(path, **state):
@@ -93,7 +108,9 @@ def save_checkpoint(path, **state):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    """Trains on this rank; ``argv``: the flags as a list of strings (None: the command line), or as parsed by
+    ``ppo_args``."""
+    args = single.complete_args(argv) if isinstance(argv, argparse.Namespace) else parse_args(argv)
     if "RANK" not in os.environ:
         raise SystemExit("launch with torchrun: python -m torch.distributed.run --nproc_per_node=N "
                          "examples/ppo_ddp.py ...")
@@ -261,7 +278,7 @@ def main(argv=None):
             "target_reached_at": {"frames": first_hit[0], "wall_time_s": round(first_hit[1], 3)} if first_hit else None,
             **{f"{name}_share": round(sum(float(r[f"{name}_time_s"]) for r in rows) / wall, 5)
                for name in ("collection", "estimator", "update")},
-            "torch": torch.__version__, "argv": sys.argv[1:] if argv is None else list(argv),
+            "torch": torch.__version__, "argv": list(argv) if isinstance(argv, list) else sys.argv[1:],
         }
         with open(os.path.join(args.out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
@@ -276,4 +293,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

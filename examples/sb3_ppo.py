@@ -7,18 +7,9 @@ same policy (up to float32 rounding). SB3's logger prints its table while traini
 ``--log-dir``; at the end the script plots the training episode return and prints the mean evaluation return.
 """
 import argparse
-from pathlib import Path
-
-from stable_baselines3 import PPO
-from stable_baselines3.common.buffers import RolloutBuffer as SB3RolloutBuffer
-from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.logger import configure
-
-import rl_triton_torchrl.sb3
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--buffer", choices=["sb3", "triton"], default="triton",
                         help="sb3: SB3's RolloutBuffer; triton: rl_triton_torchrl.sb3.RolloutBuffer (Triton on "
@@ -30,8 +21,26 @@ def main():
     parser.add_argument("--device", default="cpu", help="torch device of the policy and the buffer")
     parser.add_argument("--log-dir", default="runs/sb3_ppo", help="where progress.csv and the plot go")
     parser.add_argument("--eval-episodes", type=int, default=20)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+# ---- arguments first (CleanRL style): --help and a wrong flag answer before torch and SB3 are imported ----
+if __name__ == "__main__":
+    ARGS = parse_args()
+
+# ---- the heavy imports (below the arguments on purpose) ----
+from pathlib import Path
+
+from stable_baselines3 import PPO
+from stable_baselines3.common.buffers import RolloutBuffer as SB3RolloutBuffer
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.logger import configure
+
+import rl_triton_torchrl.sb3
+
+
+def main(args):
     # environment: n_envs CartPoles, seeded
     env = make_vec_env("CartPole-v1", n_envs=args.n_envs, seed=args.seed)
 
@@ -75,4 +84,4 @@ def plot(csv_path: Path, png_path: Path, label: str):
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -1,6 +1,13 @@
-"""Runs the Triton kernels through Triton's interpreter when there is no GPU.
+"""Runs the Triton kernels through Triton's interpreter when there is no GPU, and skips what needs Triton where it
+is not installed.
 
 TRITON_INTERPRET must be set before triton is imported (torchrl imports it), hence here, first.
+
+Without Triton (``kernels._triton.HAS_TRITON`` False: macOS, Windows, a CPU-only environment) the torch path is all
+there is: a test that needs Triton is skipped, never failed. A test needs Triton when it is marked
+``@pytest.mark.triton`` (a test file that needs it throughout either sets ``pytestmark`` or, when it imports
+``triton`` itself, calls ``pytest.importorskip("triton")`` first) or when it is parametrized with ``backend="triton"``
+(an argument or a fixture named ``backend``; ``_helpers.BACKENDS``).
 """
 import os
 
@@ -11,7 +18,28 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from rl_triton_torchrl.kernels import scan  # noqa: E402
+from rl_triton_torchrl.kernels import _triton, scan  # noqa: E402
+
+
+def needs_triton(item) -> bool:
+    """Whether a collected test needs Triton: the ``triton`` marker, or ``backend="triton"`` among its parameters."""
+    callspec = getattr(item, "callspec", None)
+    return item.get_closest_marker("triton") is not None or (
+        callspec is not None and callspec.params.get("backend") == "triton")
+
+
+def pytest_report_header(config):
+    if not _triton.HAS_TRITON:
+        return f"no Triton: tests that need it are skipped ({_triton.TRITON_IMPORT_ERROR})"
+
+
+def pytest_collection_modifyitems(config, items):
+    if _triton.HAS_TRITON:
+        return
+    skip = pytest.mark.skip(reason=f"needs Triton: {_triton.install_hint()}")
+    for item in items:
+        if needs_triton(item):
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

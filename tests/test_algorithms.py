@@ -220,6 +220,7 @@ def test_empty(algo, backend):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("algo", ["gae", "td_lambda", "discounted"])
 @pytest.mark.parametrize("shape", [(1, 2**20, 1), (16, 2**16, 1)], ids=["B1-T2^20", "B16-T2^16"])
+@pytest.mark.triton
 def test_very_long_sequence_gpu(algo, shape, dtype):
     """Against the float64 torch path on the CPU (itself checked against the reference above): a Python loop
     over a million steps would take minutes."""

@@ -63,6 +63,7 @@ class _Backend:
         return lambda *args, **kwargs: fn(*args, backend=self.backend, **kwargs)
 
 
+@pytest.mark.triton
 def test_no_grad_keeps_the_fused_kernel(monkeypatch):
     """Under no_grad nothing needs a gradient: the fused kernel runs, not the scan op."""
     from rl_triton_torchrl.kernels import scan

@@ -22,7 +22,8 @@ def _run(args, tmp_path):
 
 @pytest.fixture(scope="module")
 def bench_modules():
-    """benchmarks/ importable in this process (its modules import each other by name)."""
+    """benchmarks/ importable in this process (its modules import each other by name; they need Triton)."""
+    pytest.importorskip("triton", reason="the kernel benchmarks time Triton kernels")
     sys.path.insert(0, str(BENCH))
     import baselines
     import bench_kernels
@@ -39,6 +40,7 @@ def test_bench_cpu_quick(tmp_path):
     assert (tmp_path / "bench_cpu.md").exists()
 
 
+@pytest.mark.triton
 def test_sweep_configs_smoke(tmp_path):
     """The launch-configuration sweep: every configuration checked against float64, then timed and reported."""
     _run(["sweep_configs.py", "--smoke", "--preset", "short", "--algorithms", "gae", "--out", str(tmp_path),
@@ -48,6 +50,7 @@ def test_sweep_configs_smoke(tmp_path):
     assert len(data["rows"]) == 1 and "best configuration" in (tmp_path / "sweep.md").read_text()
 
 
+@pytest.mark.triton
 def test_bench_kernels_tiny(tmp_path):
     """Every implementation end to end: Triton through its interpreter, both compiled scans (traced by dynamo, run
     by the eager backend to keep this fast), TorchRL; checked, timed, reported with plots."""

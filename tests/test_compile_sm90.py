@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.triton  # Triton's own compiler and assembler
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "compile_sm90.py"
 
 

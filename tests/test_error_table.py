@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -95,6 +96,16 @@ def _triton_without_interpreter(backend):
                 done=_d(device="cpu"))
 
 
+def _triton_missing(backend):
+    """Where Triton is not installed (here or not): the environment variable asks for it."""
+    from rl_triton_torchrl.kernels import _triton
+
+    os.environ["RL_TRITON_TORCHRL_BACKEND"] = "triton"  # restored by the test
+    error = _triton.TRITON_IMPORT_ERROR or "ModuleNotFoundError: No module named 'triton'"
+    with mock.patch.object(_triton, "HAS_TRITON", False), mock.patch.object(_triton, "TRITON_IMPORT_ERROR", error):
+        return _gae(backend)
+
+
 def _backend_env(backend):
     os.environ["RL_TRITON_TORCHRL_BACKEND"] = "fast"  # restored by the test
     return _gae("auto")
@@ -136,6 +147,7 @@ CASES = {
     "triton-needs-cuda": (_triton_without_interpreter, ("triton",)),
     "triton-device": (lambda b: _gae("triton", reward=_x(device="meta"), state_value=_x(device="meta"),
                                      next_state_value=_x(device="meta"), done=_d(device="meta")), ("triton",)),
+    "triton-missing": (_triton_missing, ("auto",)),
     # probabilities and actions (Retrace)
     "weights-exactly-one": (lambda b: _retrace(b, ratio=None), BACKENDS),
     "negative-probability": (lambda b: _discrete(b, "cpu", pi=torch.tensor([[-0.5, 1.0, 0.5]]).expand(2, 5, 3)),
@@ -222,6 +234,7 @@ def test_errors_are_the_documented_bases():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("algo", list(TABLE))
+@pytest.mark.triton
 def test_checks_do_not_synchronise_cuda(algo):
     """The checks of a CUDA call read no values (no device synchronisation), coefficient tensors included."""
     call, _, coefs = TABLE[algo]

@@ -81,6 +81,7 @@ def test_bad_backend(monkeypatch):
         _gae()
 
 
+@pytest.mark.triton
 def test_backend_env_overrides_auto(monkeypatch):
     """The environment variable picks the path of backend='auto'; the two paths agree."""
     from rl_triton_torchrl.kernels._utils import resolve_backend

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -174,3 +178,37 @@ def test_rsl_rl_ppo(tmp_path, algorithm, extra):
     assert all(float(r["compute_returns_time_s"]) > 0 and float(r["fps"]) > 0 for r in rows)
     assert all(r["loss_value"] != "" for r in rows)
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)
+
+
+SCRIPTS = ("ppo_gymnasium", "ppo_ddp", "impala_vtrace", "compare_curves", "sb3_ppo", "gae_quickstart", "ppo_gpu",
+           "rsl_rl_ppo")
+
+
+def test_help_does_not_import_torch():
+    """Every example parses its arguments before its heavy imports: ``--help`` prints the flags and exits without
+    importing torch, TorchRL, Gymnasium or SB3 (one interpreter runs each script's ``--help`` in turn)."""
+    code = textwrap.dedent(f"""
+        import contextlib, io, json, runpy, sys
+        out = {{}}
+        for name in {SCRIPTS!r}:
+            path = {str(EXAMPLES)!r} + "/" + name + ".py"
+            sys.argv = [path, "--help"]
+            text = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(text):
+                    runpy.run_path(path, run_name="__main__")
+                code = None
+            except SystemExit as exit:
+                code = exit.code
+            heavy = sorted(m for m in ("torch", "torchrl", "tensordict", "gymnasium", "stable_baselines3")
+                           if m in sys.modules)
+            out[name] = [code, text.getvalue(), heavy]
+        print(json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in SCRIPTS:
+        code, text, heavy = out[name]
+        assert code == 0 and text.startswith("usage:"), f"{name} --help: exit {code}, printed {text[:300]!r}"
+        assert heavy == [], f"{name} --help imported {heavy}"

@@ -17,8 +17,9 @@ from _algos import TABLE, as_tuple, make_rollout, state_shape
 from _helpers import DEVICE, assert_close
 from rl_triton_torchrl.kernels import scan
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="needs a CUDA device or Triton's interpreter")
+pytestmark = [pytest.mark.triton,
+              pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="needs a CUDA device or Triton's interpreter")]
 
 
 # every kernel (the generic scan's and each algorithm's)

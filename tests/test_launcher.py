@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import triton
-import triton.language as tl
-from triton.runtime.jit import JITFunction
+
+pytest.importorskip("triton", reason="the lean launcher launches Triton kernels")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
 
 from _helpers import assert_close
 from rl_triton_torchrl.kernels import _launcher

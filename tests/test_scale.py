@@ -18,6 +18,7 @@ from rl_triton_torchrl.kernels import reference as R
 
 pytestmark = [
     pytest.mark.gpu_scale,
+    pytest.mark.triton,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 GiB, MiB = 2**30, 2**20

@@ -346,6 +346,7 @@ def test_bad_inputs(backend):
 @pytest.mark.parametrize("algo", ["traces", "sum_after_done", "disc_at_start"])
 @pytest.mark.parametrize("shape", [(1, 2**20, 1), (16, 2**16, 1), (4, 2**14, 64)],
                          ids=["B1-T2^20", "B16-T2^16", "B4-T2^14-F64"])
+@pytest.mark.triton
 def test_very_long_sequence_gpu(algo, shape, dtype):
     """Against the float64 torch path on the CPU (itself checked against the reference above): a Python loop
     over a million steps would take minutes. Flags shared over F by a stride-0 expand, a carried state in and out."""

@@ -8,11 +8,14 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import repeat
 
 import torch
+
+from . import _triton
 
 __all__ = [
     "InputError", "Layout", "check_inputs", "check_coef", "check_nonnegative", "check_values", "checks_values",
@@ -108,6 +111,10 @@ def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
     its fused kernel, unless autograd needs a gradient through any of ``inputs`` or torch.compile is tracing: then
     ``"triton_scan"``, the coefficients built with torch ops and the scan run by the Triton scan kernel as a
     differentiable custom op (``scan.scan_rows``), the same numbers.
+
+    Without Triton installed (``_triton.HAS_TRITON`` False: macOS, Windows, CPU-only images), ``"auto"`` is the torch
+    path on every device, CUDA tensors included (a warning says so the first time a CUDA tensor takes it), and
+    ``"triton"`` (the argument or the environment variable) raises an ``InputError`` saying how to install Triton.
     """
     if backend not in BACKENDS:
         raise InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -118,10 +125,17 @@ def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
             if env not in BACKENDS:
                 raise InputError(f"${BACKEND_ENV} must be one of {BACKENDS}, got {env!r}")
             backend = env
+        elif kind != "cuda":
+            backend = "torch"
+        elif _triton.HAS_TRITON:
+            backend = "triton"
         else:
-            backend = "triton" if kind == "cuda" else "torch"
+            _warn_cuda_without_triton()
+            backend = "torch"
     if backend != "triton":
         return backend
+    if not _triton.HAS_TRITON:
+        raise InputError(f"backend='triton' needs Triton: {_triton.install_hint()}; or use backend='torch'")
     if kind not in ("cuda", "cpu"):  # e.g. meta tensors: no memory to read
         raise InputError(f"backend='triton' runs on CUDA tensors (or CPU ones through Triton's interpreter), got "
                          f"{device} tensors; use backend='torch'")
@@ -136,6 +150,18 @@ def resolve_backend(backend: str, device: torch.device, *inputs) -> str:
     )):
         return "triton_scan"
     return backend
+
+
+_WARNED_NO_TRITON = False
+
+
+def _warn_cuda_without_triton() -> None:
+    """Says once per process that CUDA tensors take the torch path because Triton is missing."""
+    global _WARNED_NO_TRITON
+    if not _WARNED_NO_TRITON:
+        _WARNED_NO_TRITON = True
+        warnings.warn(f"rl_triton_torchrl: CUDA tensors take the torch path (backend='auto'), not the Triton kernels: "
+                      f"{_triton.install_hint()}", RuntimeWarning, stacklevel=4)
 
 
 # os.environ's keys as stored in its mapping, by name

@@ -20,9 +20,8 @@ Shifted input: with ``next_state_value=None`` and ``last_state_value`` given, :m
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from ._triton import tl, triton
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs, not_flag,

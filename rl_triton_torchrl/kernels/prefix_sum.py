@@ -27,9 +27,8 @@ next segment of the same rollout continues the sums exactly as if the rollout ha
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from ._triton import tl, triton
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,

@@ -35,9 +35,8 @@ takes the per-action tensors of a discrete action space and reduces them to thos
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from ._triton import tl, triton
 from ._utils import (
     InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values, resolve_backend,
 )

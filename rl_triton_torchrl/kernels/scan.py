@@ -35,10 +35,9 @@ import os
 from typing import Callable, NamedTuple
 
 import torch
-import triton
-import triton.language as tl
 
 from ._launcher import launcher, replay
+from ._triton import tl, triton
 from ._utils import Layout, check_inputs, is_cached, resolve_backend, rows_strides
 
 __all__ = ["linear_scan", "torch_linear_scan", "launch_config"]

@@ -31,9 +31,8 @@ TorchRL's loop ``vtrace_advantage_estimate``.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
+from ._triton import tl, triton
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs, not_flag,
