@@ -32,13 +32,15 @@ import functools
 import math
 import operator
 import os
+import struct
+import warnings
 from typing import Callable, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ._launcher import launcher, replay
+from ._launcher import NO_CONTEXT, current_stream, launcher, replay
 from ._utils import Layout, check_inputs, is_cached, resolve_backend, rows_strides
 
 __all__ = ["linear_scan", "torch_linear_scan", "launch_config"]
@@ -580,8 +582,10 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         if plan is not None:
             try:
                 done, ht = plan.launch(settings[0], layout, ptrs, cvals)
-            except Exception:  # noqa: BLE001 - anything unexpected: the plain way below (which raises if it must)
+            except Exception as e:  # noqa: BLE001 - anything unexpected: the plain way below (which raises if it must)
                 done = False
+                _PLANS.pop(key, None)  # built again after the plain launch (a thread's first launch sets its context)
+                _note_failed_replay(e)
             if done:
                 return ht
     kwargs, slots, numbers = {}, [], []  # slots: the parameters that change from call to call, in _plan_key order
@@ -628,13 +632,33 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         CUT_A=not (finite_a and all_numbers), **cfg, **constexprs,
     )
     lean(grid, num_warps, maxnreg, **kwargs)
-    if key is not None and key not in _PLANS and is_cached(layout):
+    if key is not None and key not in _PLANS and is_cached(layout) and _of_layout(layout, inputs, outputs):
         plan = _LaunchPlan.of(lean, settings, layout, grid, num_warps, maxnreg, kwargs, slots, ptrs, numbers)
         if plan is not False:  # False: no compiled kernel to replay yet (the next call tries again)
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
             _PLANS[key] = plan
     return None if ht is None else ht.reshape(layout.state_shape)
+
+
+_FAILED_REPLAYS = 0
+
+
+def _note_failed_replay(error: Exception) -> None:
+    """A replayed launch raised: the call launched the plain way instead. Said once, as a warning."""
+    global _FAILED_REPLAYS
+    if getattr(error, "code", None) == NO_CONTEXT:  # expected once per thread: the plain launch sets it up
+        return
+    _FAILED_REPLAYS += 1
+    if _FAILED_REPLAYS == 1:
+        warnings.warn(f"rl_triton_torchrl: a replayed launch failed ({error!r}); the call was launched through "
+                      "Triton's launcher instead", RuntimeWarning, stacklevel=4)
+
+
+def _of_layout(layout: Layout, inputs: dict, outputs: dict) -> bool:
+    """Whether every input and output has the layout's shape and device: what a plan's key takes for granted."""
+    return all(x.shape == layout.shape and x.device == layout.device
+               for x in (*inputs.values(), *outputs.values()))
 
 
 # Launch plans by _plan_key; None for a structure that is never replayed. Cleared when full (the next call of a
@@ -644,8 +668,8 @@ _MAX_PLANS = 256
 _FLOAT32_TINY = 2.0**-126  # the smallest normal float32
 _DATA_PTR = torch.Tensor.data_ptr
 _STRIDE = torch.Tensor.stride
-_SHAPE = operator.attrgetter("shape")
-_POINTER_FACTS = operator.attrgetter("dtype", "is_cuda")
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+_DTYPE = operator.attrgetter("dtype")
 _VIEW_FACTS = operator.attrgetter("shape", "dtype", "device")
 
 
@@ -664,13 +688,14 @@ def _plan_key(settings: tuple, kernel, layout: Layout, inputs: dict, outputs: di
 
     The key holds everything ``launch`` computes the kernel's arguments from, except the tensors' data and the
     float coefficients' values: the launcher's settings (current device included), the kernel and the layout (by
-    id: a plan keeps both alive), the names of the inputs, outputs and coefficients, each coefficient's type, the
-    shape and strides of each input, the dtype and whether on CUDA of each tensor (the outputs too), the shape,
-    strides, dtype and device of each tensor coefficient and of ``initial_state`` (moved or copied where they
-    differ), which pointers are not 16-byte aligned (their low four bits), the flags and constexprs, and
-    ``launch_config``'s constants. The tensors, in the order of the pointers: the inputs, the outputs, the tensor
-    coefficients, ``initial_state``. A coefficient neither a float nor a tensor (an int, which Triton would
-    specialize on its value; a numpy scalar) is never planned.
+    id: a plan keeps both alive), the names of the inputs, outputs and coefficients, each coefficient's type, which
+    inputs are contiguous (and all their strides unless every one is), the dtype of each tensor (the outputs too),
+    the shape, strides, dtype and device of each tensor coefficient and of ``initial_state`` (moved or copied where
+    they differ), which pointers are not 16-byte aligned (their low four bits), the flags and constexprs, and
+    ``launch_config``'s constants. The inputs' shapes and devices are ``layout``'s: ``launch``'s callers check them
+    (``check_inputs``), and a plan is built only where they are. The tensors, in the order of the pointers: the
+    inputs, the outputs, the tensor coefficients, ``initial_state``. A coefficient neither a float nor a tensor (an
+    int, which Triton would specialize on its value; a numpy scalar) is never planned.
     """
     xs, ctypes = tuple(inputs.values()), tuple(map(type, cvals))
     others = ()  # the tensor coefficients and the initial state: rare, keyed in full
@@ -680,8 +705,9 @@ def _plan_key(settings: tuple, kernel, layout: Layout, inputs: dict, outputs: di
     try:
         ptrs = tuple(map(_DATA_PTR, tensors))
         low_bits = any(map((15).__and__, ptrs)) and tuple(map((15).__and__, ptrs))
+        dense = tuple(map(_IS_CONTIGUOUS, xs))
         key = (settings, id(kernel), id(layout), tuple(inputs), tuple(outputs), tuple(coefs or ()), ctypes,
-               tuple(map(_SHAPE, xs)), tuple(map(_STRIDE, xs)), tuple(map(_POINTER_FACTS, tensors)),
+               dense if all(dense) else tuple(map(_STRIDE, xs)), tuple(map(_DTYPE, tensors)),
                others and (tuple(map(_VIEW_FACTS, others)), tuple(map(_STRIDE, others))), low_bits,
                initial_state is None, output_final_state, finite_a, tuple(constexprs.items()), _config_key())
     except (TypeError, AttributeError, RuntimeError):  # not a tensor, or a tensor without data (torch.compile's)
@@ -711,6 +737,7 @@ class _LaunchPlan(NamedTuple):
     numbers_as_tensors: bool  # float64 inputs: each float coefficient passed as a float64 tensor
     final_state: bool
     lookback: int | None  # size of the look-back status buffer (None: no look-back)
+    native: object  # the launch through the driver itself (``_launcher.PreparedLaunch``), or None: ``replay``
 
     @classmethod
     def of(cls, lean, settings: tuple, layout: Layout, grid, num_warps: int, maxnreg, kwargs: dict, slots: list,
@@ -730,9 +757,15 @@ class _LaunchPlan(NamedTuple):
         order = [index.get(name, len(slots) + j) for j, name in enumerate(names)]
         fixed = tuple(None if isinstance(kwargs[name], torch.Tensor) else kwargs[name] for name in names)
         lb = kwargs["lb_ptr"]
+        prepared = None
+        if compiled.native is not None:
+            try:
+                prepared = compiled.native.prepare(grid, slots, dict(zip(names, fixed)))
+            except (KeyError, TypeError, ValueError, struct.error):  # e.g. a slot Triton made a constant: replay
+                prepared = None
         return cls(layout, lean, compiled, tuple(grid), fixed, operator.itemgetter(*order),
                    tuple(i for i, _ in numbers), any(as_tensor for _, as_tensor in numbers),
-                   kwargs["ht_ptr"] is not None, None if lb is None else lb.numel())
+                   kwargs["ht_ptr"] is not None, None if lb is None else lb.numel(), prepared)
 
     def launch(self, device: int, layout: Layout, ptrs: tuple, cvals: tuple) -> tuple[bool, torch.Tensor | None]:
         """Replays the launch with these pointers and coefficients: (launched, the final state or None). Not
@@ -740,7 +773,10 @@ class _LaunchPlan(NamedTuple):
         numbers = [cvals[i] for i in self.numbers]
         if not (self.numbers_as_tensors or self.final_state or self.lookback):  # the common call: no buffers
             numbers = [0.0 if abs(c) < _FLOAT32_TINY else c for c in numbers]
-            replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *self.fixed)))
+            if self.native is not None:
+                self.native.launch(current_stream(device), *ptrs, *numbers)
+            else:
+                replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *self.fixed)))
             return True, None
         keep = []  # the buffers allocated here, alive until launched
         if self.numbers_as_tensors:
@@ -756,7 +792,10 @@ class _LaunchPlan(NamedTuple):
         buffers = tuple(map(_DATA_PTR, keep))
         if any(map((15).__and__, buffers)):
             return False, None
-        replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *buffers, *self.fixed)))
+        if self.native is not None:
+            self.native.launch(current_stream(device), *ptrs, *numbers, *buffers)
+        else:
+            replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *buffers, *self.fixed)))
         return True, (None if ht is None else ht.reshape(layout.state_shape))
 
 
