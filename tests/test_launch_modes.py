@@ -131,9 +131,10 @@ def test_lookback_concurrent_chunks(algo, chunks, monkeypatch):
 @pytest.mark.parametrize("shape", [(300, 7, 1), (256, 8, 1)], ids=["B300-T7", "B256-T8"])
 @pytest.mark.parametrize("algo", list(TABLE))
 def test_short_sequence_tiles(algo, shape):
-    """Sequences of 5-8 steps in many rows run in tiles of 4 steps (two per sequence): the carry between them."""
+    """Sequences of 5-8 steps in many rows run in 8-step tiles of ``SHORT_BLOCK_R`` rows (partial tiles of rows and
+    steps)."""
     cfg = scan.launch_config(_layout(shape))
-    assert (cfg["BLOCK_T"], cfg["BLOCK_R"], cfg["LOOKBACK"]) == (scan.SHORT_BLOCK_T, scan.SHORT_BLOCK_R, 0)
+    assert (cfg["BLOCK_T"], cfg["BLOCK_R"], cfg["LOOKBACK"]) == (8, scan.SHORT_BLOCK_R, 0)
     _compare(algo, shape, "random", seed=3, with_state=True)
 
 
@@ -150,9 +151,10 @@ def test_register_caps_on_warp_local_row_tiles_only(monkeypatch):
 
 
 @pytest.mark.parametrize("algo", ["gae", "vtrace"])
-def test_register_capped_kernels_match_reference(algo):
-    """The capped kernels (``maxnreg`` passed through the launcher) at a shape that selects them, with the chunk
-    loop walking several 128-step tiles."""
+def test_register_capped_kernels_match_reference(algo, monkeypatch):
+    """The capped kernels (``maxnreg`` passed through the launcher) at a shape that selects them (row tiles: the
+    few-rows rule switched off), with the chunk loop walking several 128-step tiles."""
+    monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
     assert scan.launch_config(_layout((5, 300, 1)), f"_{algo}_fwd_kernel").get("maxnreg") == scan.REGISTER_CAPS[
         f"_{algo}_fwd_kernel"]
     _compare(algo, (5, 300, 1), "random", seed=11, with_state=True)

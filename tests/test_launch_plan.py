@@ -257,7 +257,8 @@ CASES = {
                                   "output_final_state": True}, {}),
     "look-back": ({"shape": (2, 40, 1)}, lambda x: {"output_final_state": True},
                   {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 16}),
-    "chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 16, "TILE_ELEMENTS": 32}),
+    "chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 16, "TILE_ELEMENTS": 32, "WIDE_MAX_ROWS": 0}),
+    "wide-chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 8, "WIDE_MAX_T": 16}),
 }
 
 
