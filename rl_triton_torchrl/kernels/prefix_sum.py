@@ -33,7 +33,7 @@ import triton.language as tl
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,
-    rows_state, rows_time, scan_tile, state_out, store_tile, scan_rows,
+    rows_state, rows_time, scan_tile, state_out, store_state, store_tile, scan_rows,
 )
 
 __all__ = ["episodic_prefix_sum"]
@@ -78,7 +78,7 @@ def _prefix_sum_fwd_kernel(
             o_last = tl.zeros([1, 1], dtype=tl.int64) + (T - 1)
             b_f = tl.sum(load_tile(f_ptr, o_o, o_i, o_last, s_f_o, s_f_t, s_f_i, m_r[:, None], ACC), axis=1)
             b_h = tl.where(b_f > 0, 0.0, b_h)  # [BLOCK_R]
-        tl.store(ht_ptr + o_r, b_h, mask=m_r & (c_hi == n_chunks))
+    store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
 def check_reset(reset) -> bool:

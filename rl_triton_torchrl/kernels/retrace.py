@@ -43,8 +43,8 @@ from ._utils import (
 )
 from .scan import (
     chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs,
-    not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_tile,
-    zero_where,
+    not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state,
+    store_tile, zero_where,
 )
 
 __all__ = ["retrace", "retrace_discrete"]
@@ -122,8 +122,8 @@ def _retrace_fwd_kernel(
                       s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
                       s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
         b_q0 = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m_0, ACC)  # [BLOCK_R, BLOCK_T]
-        tl.store(ht_ptr + o_r, edge_column(b_c0, True) * (b_h - edge_column(b_q0, True)),
-                 mask=m_r & (c_hi == n_chunks))
+        b_h = edge_column(b_c0, True) * (b_h - edge_column(b_q0, True))  # [BLOCK_R]
+    store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
 def retrace(

@@ -181,9 +181,16 @@ def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, L
 
 @triton.jit
 def store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE: tl.constexpr):
-    """End of every scan kernel: the state leaving the sequence, if asked for (by the program of the last chunk)."""
+    """End of every scan kernel: the final state ``b_h`` [BLOCK_R] (the state leaving the sequence, or what a kernel
+    derives from it) of the rows ``m_r``, if asked for, by the program of the last chunk.
+
+    The mask is a bool block on every Triton: a bool block ``&`` a scalar comparison is an int32 mask in Triton
+    3.9's interpreter, which refuses it. (The compiled kernels are the same as with the scalar comparison, sm_90
+    SASS included; a scalar ``if`` around the store instead cost up to 48 more instructions in the look-back mode.)
+    """
     if STORE_FINAL_STATE:
-        tl.store(ht_ptr + o_r, b_h, mask=m_r & (c_hi == n_chunks))
+        m_last = (tl.zeros_like(o_r) + c_hi) == n_chunks  # [BLOCK_R]
+        tl.store(ht_ptr + o_r, b_h, mask=m_r & m_last)
 
 
 @triton.jit
