@@ -540,9 +540,11 @@ def state_buffers(layout: Layout, initial_state, output_final_state: bool):
 
 
 def _final_state_buffer(layout: Layout) -> torch.Tensor:
-    """The final-state output ``[rows]`` in the accumulation dtype: zeros (NaN with ``POISON_OUTPUTS``)."""
-    return torch.full((layout.rows,), float("nan") if POISON_OUTPUTS else 0.0, dtype=layout.acc_dtype,
-                      device=layout.device)
+    """The final-state output ``[rows]`` in the accumulation dtype, uninitialised (NaN with ``POISON_OUTPUTS``):
+    every kernel writes the state of each of its rows (``store_state``, by the program of the row's last chunk)."""
+    if POISON_OUTPUTS:
+        return torch.full((layout.rows,), float("nan"), dtype=layout.acc_dtype, device=layout.device)
+    return torch.empty((layout.rows,), dtype=layout.acc_dtype, device=layout.device)
 
 
 def flag_constexprs(inputs: dict, constexprs: dict) -> dict:
@@ -571,10 +573,18 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     ``_launcher`` found for them. Plans are built for layouts kept for later calls only (``is_cached``), and never
     while every launch takes the plain path (``_launcher.Launcher.settings``: ``RL_TRITON_TORCHRL_LEAN_LAUNCH=0``,
     the interpreter, launch hooks, ...).
+
+    The kernel runs on the inputs' device: where it is not the current CUDA device, the launch runs under
+    ``torch.cuda.device`` of it (Triton launches on the current device and its current stream).
     """
     constexprs = flag_constexprs(inputs, constexprs)
     lean = launcher(kernel)
     settings = lean.settings()  # None: every launch of the kernel takes the plain path now (no plan either)
+    index = layout.device.index  # None for CPU tensors; the only indexed devices that reach here are CUDA ones
+    if index is not None and index != (torch.cuda.current_device() if settings is None else settings[0]):
+        with torch.cuda.device(layout.device):
+            return launch(kernel, layout, inputs=inputs, outputs=outputs, coefs=coefs, initial_state=initial_state,
+                          output_final_state=output_final_state, finite_a=finite_a, **constexprs)
     key = ptrs = None
     if settings is not None:
         cvals = tuple(coefs.values()) if coefs else ()
