@@ -77,7 +77,7 @@ def gae(
     *,
     gamma: float | torch.Tensor,
     lmbda: float | torch.Tensor,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -96,7 +96,8 @@ def gae(
         gamma (float or Tensor): discount, a number or a tensor broadcastable to the inputs (e.g. per-step
             ``gamma ** steps_to_next_obs``).
         lmbda (float or Tensor): GAE lambda, likewise.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` advantage :math:`A_T` carried in from the segment that
             follows this one. Defaults to zero.
         output_final_state (bool): also return :math:`A_0` (float32, or float64 for float64 inputs), the state to

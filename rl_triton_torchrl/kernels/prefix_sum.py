@@ -95,7 +95,7 @@ def episodic_prefix_sum(
     *,
     reset: str,
     discount: float | torch.Tensor = 1.0,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -113,7 +113,8 @@ def episodic_prefix_sum(
             step. Required; any other value raises ``ValueError``.
         discount (float or Tensor): decay :math:`\gamma_t` applied to the running sum on entering step t, a number
             in [0, 1] or a tensor broadcastable to ``x``. Defaults to ``1.0`` (plain sums).
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` sum :math:`S_{-1}` carried in from the preceding segment
             (its ``output_final_state``). Defaults to zero.
         output_final_state (bool): also return the state to pass as ``initial_state`` to the next segment:

@@ -39,7 +39,8 @@ import triton
 import triton.language as tl
 
 from ._utils import (
-    InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values, resolve_backend,
+    DEFAULT_TIME_DIM, InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values,
+    resolve_backend,
 )
 from .scan import (
     chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs,
@@ -138,7 +139,7 @@ def retrace(
     gamma: float | torch.Tensor,
     lmbda: float | torch.Tensor = 1.0,
     c_bar: float | torch.Tensor = 1.0,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -162,7 +163,8 @@ def retrace(
         lmbda (float or Tensor): :math:`\lambda` in :math:`[0, 1]`, likewise. Defaults to ``1.0``.
         c_bar (float or Tensor): :math:`\bar c`, the clip of the ratio in the traces (finite, non-negative, no
             upper bound), likewise. Defaults to ``1.0``.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` :math:`u_T = c_T (Q^{ret}_T - Q(s_T, a_T))` at the first
             step of the segment that follows this one. Defaults to zero: the window end bootstraps from
             ``next_expected_q`` like a truncation.
@@ -247,7 +249,7 @@ def retrace_discrete(
     gamma: float | torch.Tensor,
     lmbda: float | torch.Tensor = 1.0,
     c_bar: float | torch.Tensor = 1.0,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -277,7 +279,8 @@ def retrace_discrete(
         behavior_log_prob (Tensor, optional): ``[*B, T]`` its logarithm. Pass exactly one of the two.
         gamma, lmbda, c_bar, initial_state, output_final_state, backend: as in :func:`retrace` (states are
             ``[*B]``).
-        time_dim (int): the time dimension of the ``[*B, T, A]`` inputs (not the last one). Defaults to ``-2``.
+        time_dim (int, optional): the time dimension of the ``[*B, T, A]`` inputs (not the last one). Defaults to
+            ``-2``, also for ``[T, A]`` inputs (actions are last: nothing to mistake).
 
     Returns:
         ``(q_ret, advantage)`` of shape ``[*B, T]`` in the input dtype, plus the final state if asked for.
@@ -295,6 +298,7 @@ def retrace_discrete(
     """
     if (behavior_prob is None) == (behavior_log_prob is None):
         raise InputError("pass exactly one of behavior_prob and behavior_log_prob")
+    time_dim = DEFAULT_TIME_DIM if time_dim is None else time_dim
     layout = check_inputs(
         time_dim, {"pi": pi, "q_values": q_values, "next_pi": next_pi, "next_q_values": next_q_values}, {}
     )

@@ -979,7 +979,7 @@ def linear_scan(
     b: torch.Tensor,
     *,
     reverse: bool = False,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -992,7 +992,8 @@ def linear_scan(
 
     Keyword Args:
         reverse (bool): scan from the last step to the first (``h_t`` depends on ``h_(t+1)``). Defaults to ``False``.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` state entering the sequence (``h_(-1)``, or ``h_T`` when
             ``reverse``). Defaults to zero.
         output_final_state (bool): also return the state leaving the sequence (``h_(T-1)``, or ``h_0`` when

@@ -146,7 +146,7 @@ def vtrace(
     gamma: float | torch.Tensor,
     rho_thresh: float | torch.Tensor = 1.0,
     c_thresh: float | torch.Tensor = 1.0,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -170,7 +170,8 @@ def vtrace(
         rho_thresh (float or Tensor): :math:`\bar\rho`, the clip of the weights of the TD errors (finite,
             non-negative, no upper bound), a number or a broadcastable tensor. Defaults to ``1.0``.
         c_thresh (float or Tensor): :math:`\bar c`, the clip of the trace weights, likewise. Defaults to ``1.0``.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` :math:`h_T = v_s - V` at the first step of the segment
             that follows this one (its :math:`V` being this segment's last ``next_state_value``). Defaults to
             zero: the window end bootstraps from ``next_state_value`` like a truncation.
