@@ -125,8 +125,8 @@ def gae(
     gamma = check_coef("gamma", gamma, layout)
     lmbda = check_coef("lmbda", lmbda, layout)
     terminated = done if terminated is None else terminated
-    adv, vt = new_outputs(layout, 2)
     if layout.empty:
+        adv, vt = new_outputs(layout, 2)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, reward, state_value, next_state_value, gamma, lmbda,
                                   initial_state)) != "triton":
@@ -138,7 +138,8 @@ def gae(
         )
         h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
         adv, vt, ht = from_rows_time(h, layout), from_rows_time(h + v, layout), state_out(ht, layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        adv, vt = new_outputs(layout, 2)
         ht = launch(
             _gae_fwd_kernel, layout,
             inputs={"r": reward, "v": state_value, "nv": next_state_value, "d": done, "term": terminated},

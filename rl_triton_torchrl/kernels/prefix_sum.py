@@ -137,8 +137,8 @@ def episodic_prefix_sum(
     after_done = check_reset(reset)
     layout = check_inputs(time_dim, {"x": x}, {"boundary": boundary}, {"initial_state": initial_state})
     discount = check_coef("discount", discount, layout)
-    (s,) = new_outputs(layout, 1)
     if layout.empty:
+        (s,) = new_outputs(layout, 1)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, x, discount, initial_state)) != "triton":
         nf = not_flag(boundary, layout)  # [R, T]
@@ -148,7 +148,8 @@ def episodic_prefix_sum(
         if after_done:
             ht = torch.where(nf[:, -1] == 0, 0.0, ht)
         s, ht = from_rows_time(h, layout), state_out(ht, layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        (s,) = new_outputs(layout, 1)
         ht = launch(
             _prefix_sum_fwd_kernel, layout,
             inputs={"x": x, "f": boundary},

@@ -202,8 +202,8 @@ def retrace(
     lmbda = check_coef("lmbda", lmbda, layout)
     c_bar = check_coef("c_bar", c_bar, layout, high=None)
     terminated = done if terminated is None else terminated
-    q_ret, adv = new_outputs(layout, 2)
     if layout.empty:
+        q_ret, adv = new_outputs(layout, 2)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, q_taken, next_expected_q, reward, ratio, log_ratio, gamma,
                                   lmbda, c_bar, initial_state)) != "triton":
@@ -222,7 +222,8 @@ def retrace(
         h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
         q_ret, adv = from_rows_time(h, layout), from_rows_time(h - q, layout)
         ht = state_out(c[:, 0] * (ht - q[:, 0]), layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        q_ret, adv = new_outputs(layout, 2)
         ht = launch(
             _retrace_fwd_kernel, layout,
             inputs={"r": reward, "q": q_taken, "nq": next_expected_q, "d": done, "term": terminated,

@@ -100,8 +100,8 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
     lmbda = check_coef("lmbda", lmbda, layout)
     terminated = done if terminated is None else terminated
     done = terminated if done is None else done
-    (out,) = new_outputs(layout, 1)
     if layout.empty:
+        (out,) = new_outputs(layout, 1)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, reward, next_state_value, state_value, gamma,
                                   lmbda, initial_state)) != "triton":
@@ -122,7 +122,8 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
         if state_value is not None:
             h = h - rows_time(state_value, layout)
         out, ht = from_rows_time(h, layout), state_out(ht, layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        (out,) = new_outputs(layout, 1)
         inputs = {"r": reward, "nv": next_state_value, "v": state_value, "d": done, "term": terminated}
         ht = launch(
             _td_lambda_fwd_kernel, layout,

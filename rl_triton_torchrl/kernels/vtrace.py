@@ -204,8 +204,8 @@ def vtrace(
     rho_thresh = check_coef("rho_thresh", rho_thresh, layout, high=None)
     c_thresh = check_coef("c_thresh", c_thresh, layout, high=None)
     terminated = done if terminated is None else terminated
-    adv, vs = new_outputs(layout, 2)
     if layout.empty:
+        adv, vs = new_outputs(layout, 2)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, log_pi, log_mu, state_value, next_state_value, reward,
                                   gamma, rho_thresh, c_thresh, initial_state)) != "triton":
@@ -223,7 +223,8 @@ def vtrace(
         vs1 = torch.where(rows_time(done, layout), nv, h1 + v1)
         _, b_adv = vtrace_coefficients(r, v, vs1, nd, nterm, g, rho, rho)
         adv, vs, ht = from_rows_time(b_adv, layout), from_rows_time(h + v, layout), state_out(ht, layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        adv, vs = new_outputs(layout, 2)
         ht = launch(
             _vtrace_fwd_kernel, layout,
             inputs={"lpi": log_pi, "lmu": log_mu, "r": reward, "v": state_value, "nv": next_state_value, "d": done,
