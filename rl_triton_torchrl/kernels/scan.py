@@ -193,9 +193,16 @@ def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, L
 
 @triton.jit
 def store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE: tl.constexpr):
-    """End of every scan kernel: the state leaving the sequence, if asked for (by the program of the last chunk)."""
+    """End of every scan kernel: the final state ``b_h`` [BLOCK_R] (the state leaving the sequence, or what a kernel
+    derives from it) of the rows ``m_r``, if asked for, by the program of the last chunk.
+
+    The mask is a bool block on every Triton: a bool block ``&`` a scalar comparison is an int32 mask in Triton
+    3.9's interpreter, which refuses it. (The compiled kernels are the same as with the scalar comparison, sm_90
+    SASS included; a scalar ``if`` around the store instead cost up to 48 more instructions in the look-back mode.)
+    """
     if STORE_FINAL_STATE:
-        tl.store(ht_ptr + o_r, b_h, mask=m_r & (c_hi == n_chunks))
+        m_last = (tl.zeros_like(o_r) + c_hi) == n_chunks  # [BLOCK_R]
+        tl.store(ht_ptr + o_r, b_h, mask=m_r & m_last)
 
 
 @triton.jit
@@ -550,9 +557,11 @@ def state_buffers(layout: Layout, initial_state, output_final_state: bool):
 
 
 def _final_state_buffer(layout: Layout) -> torch.Tensor:
-    """The final-state output ``[rows]`` in the accumulation dtype: zeros (NaN with ``POISON_OUTPUTS``)."""
-    return torch.full((layout.rows,), float("nan") if POISON_OUTPUTS else 0.0, dtype=layout.acc_dtype,
-                      device=layout.device)
+    """The final-state output ``[rows]`` in the accumulation dtype, uninitialised (NaN with ``POISON_OUTPUTS``):
+    every kernel writes the state of each of its rows (``store_state``, by the program of the row's last chunk)."""
+    if POISON_OUTPUTS:
+        return torch.full((layout.rows,), float("nan"), dtype=layout.acc_dtype, device=layout.device)
+    return torch.empty((layout.rows,), dtype=layout.acc_dtype, device=layout.device)
 
 
 def flag_constexprs(inputs: dict, constexprs: dict) -> dict:
@@ -581,10 +590,18 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     ``_launcher`` found for them. Plans are built for layouts kept for later calls only (``is_cached``), and never
     while every launch takes the plain path (``_launcher.Launcher.settings``: ``RL_TRITON_TORCHRL_LEAN_LAUNCH=0``,
     the interpreter, launch hooks, ...).
+
+    The kernel runs on the inputs' device: where it is not the current CUDA device, the launch runs under
+    ``torch.cuda.device`` of it (Triton launches on the current device and its current stream).
     """
     constexprs = flag_constexprs(inputs, constexprs)
     lean = launcher(kernel)
     settings = lean.settings()  # None: every launch of the kernel takes the plain path now (no plan either)
+    index = layout.device.index  # None for CPU tensors; the only indexed devices that reach here are CUDA ones
+    if index is not None and index != (torch.cuda.current_device() if settings is None else settings[0]):
+        with torch.cuda.device(layout.device):
+            return launch(kernel, layout, inputs=inputs, outputs=outputs, coefs=coefs, initial_state=initial_state,
+                          output_final_state=output_final_state, finite_a=finite_a, **constexprs)
     key = ptrs = None
     if settings is not None:
         cvals = tuple(coefs.values()) if coefs else ()
@@ -1038,7 +1055,7 @@ def linear_scan(
     b: torch.Tensor,
     *,
     reverse: bool = False,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -1051,7 +1068,8 @@ def linear_scan(
 
     Keyword Args:
         reverse (bool): scan from the last step to the first (``h_t`` depends on ``h_(t+1)``). Defaults to ``False``.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` state entering the sequence (``h_(-1)``, or ``h_T`` when
             ``reverse``). Defaults to zero.
         output_final_state (bool): also return the state leaving the sequence (``h_(T-1)``, or ``h_0`` when
