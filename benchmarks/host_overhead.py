@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import sys
+import types
 
 
 def parse_args():
@@ -60,7 +61,10 @@ def timer(calls: int, repeats: int):
 
 
 class _NoLaunch:
-    """Stands in for a ``CompiledKernel`` whose launcher does nothing; records the plain call that "compiled" it."""
+    """Stands in for a ``CompiledKernel`` whose launch does nothing; records the plain call that "compiled" it.
+
+    It has the metadata and signature of a compiled kernel, so that launch plans launch it natively
+    (``_launcher.NativeLaunch``), on a driver call that does nothing (``python_only_us``)."""
 
     function = 1
     packed_metadata = (4, 1, 0)
@@ -70,7 +74,18 @@ class _NoLaunch:
 
     def compile(self, *args, grid, warmup, **kwargs):
         """What ``JITFunction.run`` is replaced with: keeps the grid and arguments, returns this kernel."""
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler.compiler import make_backend
+        from triton.runtime.jit import native_specialize_impl
+
         self.grid, self.kwargs = grid, kwargs
+        backend = make_backend(GPUTarget("cuda", 90, 32))
+        params = gae_module._gae_fwd_kernel.params
+        signature = {p.name: "constexpr" if p.is_constexpr else
+                     native_specialize_impl(backend, kwargs[p.name], False, True, True)[0] for p in params}
+        self.src = types.SimpleNamespace(signature=signature)
+        self.metadata = types.SimpleNamespace(num_warps=kwargs["num_warps"], num_ctas=1, shared=0,
+                                              global_scratch_size=0, profile_scratch_size=0)
         return self
 
 
@@ -91,15 +106,18 @@ def python_only_us(call, time_us) -> tuple[float, tuple, dict]:
     real, stand_in = gae_module._gae_fwd_kernel, _NoLaunch()
     jit = JITFunction(real.fn)  # a compiled-kind JITFunction even under TRITON_INTERPRET=1
     jit.run = stand_in.compile
-    active = _launcher.driver._active
+    active, libcuda = _launcher.driver._active, _launcher._LIBCUDA
     gae_module._gae_fwd_kernel = jit
+    _launcher._LIBCUDA = (lambda *args: 0, None)  # the driver's launch, as a no-op
+    scan._PLANS.clear()
     if not torch.cuda.is_available():
         _launcher.driver._active = _Driver()
     try:
         us = time_us(call)
     finally:
         gae_module._gae_fwd_kernel = real
-        _launcher.driver._active = active
+        _launcher.driver._active, _launcher._LIBCUDA = active, libcuda
+        scan._PLANS.clear()
     return us, stand_in.grid, stand_in.kwargs
 
 

@@ -67,7 +67,38 @@ def _regs_candidates(T):
     return [dict(rows_cfg(128, 4, 4), maxnreg=n) for n in (32, 40, 48, 64)]
 
 
+def _few_rows_candidates(T):
+    """Few rows of medium length (the GPU mostly idle with one warp per row walking 128-step chunks): whole rows in
+    one wide tile on more warps, two or four rows per program, and look-back chunks of 128-step segments."""
+    bt = min(1 << max(1, (T - 1).bit_length()), 4096)
+    out = [rows_cfg(128, 4, 4), rows_cfg(128, 1, 1), rows_cfg(128, 2, 2)]
+    for width in sorted({min(bt, w) for w in (256, 512, 1024, 2048, 4096)}):
+        for warps in (2, 4, 8, 16):
+            if width // (32 * warps) >= 1:
+                out.append(rows_cfg(width, 1, warps))
+    out += [rows_cfg(min(bt, 512), 2, 4), rows_cfg(min(bt, 512), 4, 8)]
+    for chunk, warps in ((256, 2), (512, 4), (1024, 4), (1024, 8)):
+        if chunk < T:
+            out.append(lookback_cfg(chunk, warps, segments=chunk // 128))
+    return out
+
+
+def _odd_t_candidates(T):
+    """Short sequences whose length is no power of two (T = 24: rows of 24 steps in 32-step tiles) and T = 8."""
+    bt = 1 << max(1, (T - 1).bit_length())
+    out = [rows_cfg(bt, r, w) for r, w in ((16, 4), (32, 4), (64, 4), (64, 8), (128, 8))]
+    for narrow in (4, 8):
+        if narrow < T:
+            out += [rows_cfg(narrow, 128, 4), rows_cfg(narrow, 256, 8)]
+    return out
+
+
 PRESETS = {
+    # few rows of medium length (issue 17's device-time misses against rl-triton)
+    "few_rows": ([(128, 1024), (512, 2048), (64, 512), (128, 512), (16, 2048), (512, 512), (100, 1000),
+                  (1000, 1024)], _few_rows_candidates),
+    # T = 24 (Isaac Lab) and T = 8 with thousands of rows (issue 17's cliffs)
+    "odd_t": ([(65536, 24), (16384, 24), (4096, 24), (65536, 8), (4096, 8), (65536, 100)], _odd_t_candidates),
     # the default configuration timed twice in a row: what being first in a cell (after the reference) costs
     "repeat": ([(65536, 512), (65536, 2048)], lambda T: [rows_cfg(128, 4, 4)]),
     # the same: the uncapped configuration timed before and after a capped one (does the order matter?)
@@ -101,9 +132,9 @@ def _patched(cfg):
         c = {k: v for k, v in cfg.items() if k != "mode"}
         c.setdefault("LOOKBACK", 0)
         if c["LOOKBACK"]:
-            c["grid"] = (layout.rows * triton.cdiv(layout.T, c["BLOCK_R"] * c["BLOCK_T"]),)
+            c["grid"] = (layout.rows * scan._cdiv(layout.T, c["BLOCK_R"] * c["BLOCK_T"]),)
         else:
-            c["grid"] = (triton.cdiv(layout.rows, c["BLOCK_R"]),)
+            c["grid"] = (scan._cdiv(layout.rows, c["BLOCK_R"]),)
         return c
     return launch_config
 

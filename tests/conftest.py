@@ -53,5 +53,6 @@ def _poison_outputs(monkeypatch):
 def small_tiles(monkeypatch):
     """Tiny tiles, so that short sequences already walk the multi-chunk and multi-program paths."""
     monkeypatch.setattr(scan, "MAX_BLOCK_T", 16)
+    monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)  # row tiles of several rows, not one wide tile per row
     monkeypatch.setattr(scan, "TILE_ELEMENTS", 32)
     yield

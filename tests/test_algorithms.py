@@ -172,7 +172,8 @@ def test_chunked_path(algo, backend, shape, time_dim, small_tiles):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algo", ["gae", "td_lambda", "discounted_boot"])
 def test_long_sequence(algo, backend):
-    """T = 5000 > MAX_BLOCK_T: the real chunk loop, carries across five tiles."""
+    """T = 5000 > MAX_BLOCK_T: chunks with carries between them (look-back chunks in float32 at the default
+    constants, else 2048-step tiles walked in turn)."""
     run_and_check(algo, make_inputs((2, 5000, 1), -2, "random"), backend)
 
 

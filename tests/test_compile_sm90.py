@@ -27,7 +27,7 @@ def test_sass_counts_of_a_kernel():
     SASS: a GAE tile of 128 steps reverses itself (warp-local gather) and scans forward, with no shared memory."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     tool = TOOL.parent / "sass_sm90.py"
-    proc = subprocess.run([sys.executable, str(tool), "--shapes", "8x256", "--algorithms", "gae"], env=env,
+    proc = subprocess.run([sys.executable, str(tool), "--shapes", "2048x256", "--algorithms", "gae"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if "_gae_fwd_kernel" in ln)

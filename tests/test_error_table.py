@@ -126,6 +126,8 @@ CASES = {
     "zero-dim": (lambda b: _gae(b, reward=_x(()), state_value=_x(()), next_state_value=_x(()), done=_d(())), BACKENDS),
     "time-dim-type": (lambda b: _gae(b, time_dim=1.0), BACKENDS),
     "time-dim-range": (lambda b: _gae(b, time_dim=3), BACKENDS),
+    "time-dim-2d": (lambda b: _gae(b, reward=_x((2, 5)), state_value=_x((2, 5)), next_state_value=_x((2, 5)),
+                                   done=_d((2, 5))), BACKENDS),
     "state-shape": (lambda b: _gae(b, initial_state=_x((2, 5))), BACKENDS),
     "state-dtype": (lambda b: _gae(b, initial_state=_x((2, 1)).long()), BACKENDS),
     "state-device": (lambda b: _gae(b, initial_state=_x((2, 1), device="meta")), BACKENDS),

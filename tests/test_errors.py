@@ -4,10 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _helpers import BACKENDS, DEVICE
+from _algos import DISCRETE, TABLE, as_tuple, make_rollout
+from _helpers import BACKENDS, DEVICE, assert_close
 from rl_triton_torchrl import functional as F
 from rl_triton_torchrl import kernels as K
 from rl_triton_torchrl.kernels import InputError
+from rl_triton_torchrl.kernels.reference import linear_scan_ref
 
 
 def _x(shape=(2, 5, 1), dtype=torch.float32):
@@ -121,3 +123,53 @@ def test_td_lambda_needs_flags(backend):
 def test_linear_scan_bad_input(backend):
     with pytest.raises(ValueError, match="b has shape"):
         K.linear_scan(_x(), _x((2, 4, 1)), backend=backend)
+
+
+TIME_DIM_2D = r"time_dim must be given for 2-D inputs \(shape \(4, 7\)\): time_dim=-1 for \[B, T\].*" \
+              r"time_dim=0 \(or -2\) for TorchRL's time-major \[T, B\]"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("algo", [a for a in TABLE if a not in DISCRETE])
+def test_2d_inputs_need_time_dim(algo, backend):
+    """A 2-D input is [B, T] (rl-triton's [num_envs, T]) or TorchRL's time-major [T, B]: without time_dim every
+    kernel function refuses it (the default, -2, would scan B as time), naming both conventions; an explicit
+    time_dim (-2 included) gives the reference's answer."""
+    call, ref, coefs = TABLE[algo]
+    x = make_rollout((4, 7), -1, "random", seed=1)
+    with pytest.raises(InputError, match=TIME_DIM_2D):
+        call(x, backend=backend, **coefs)
+    for time_dim in (-1, -2, 0):
+        out = as_tuple(call(x, backend=backend, time_dim=time_dim, **coefs))
+        expected, _ = ref(x, time_dim=time_dim, **coefs)
+        for i, (o, e) in enumerate(zip(out, as_tuple(expected))):
+            assert_close(f"{algo}[{i}] time_dim={time_dim}", o, e)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_2d_linear_scan_needs_time_dim(backend):
+    a, b = torch.rand(4, 7, device=DEVICE), torch.randn(4, 7, device=DEVICE)
+    with pytest.raises(InputError, match=TIME_DIM_2D):
+        K.linear_scan(a, b, backend=backend)
+    assert_close("h", K.linear_scan(a, b, time_dim=-1, backend=backend), linear_scan_ref(a, b, time_dim=-1)[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_default_time_dim_of_other_shapes(backend):
+    """3-D inputs keep TorchRL's default (-2); [T] inputs name time_dim=0; retrace_discrete's [T, A] inputs (actions
+    last) need no time_dim."""
+    x = make_rollout((4, 7, 1), -2, "random", seed=2)
+    call, ref, coefs = TABLE["gae"]
+    for i, (o, e) in enumerate(zip(call(x, backend=backend, **coefs), ref(x, **coefs)[0])):
+        assert_close(f"gae[{i}]", o, e)
+    x1 = make_rollout((7,), 0, "random", seed=2)
+    with pytest.raises(InputError, match=r"time_dim=-2 is out of range for inputs of shape \(7,\) \(the default\): "
+                                         r"pass time_dim=0"):
+        call(x1, backend=backend, **coefs)
+    xd = make_rollout((7,), 0, "random", seed=3)
+    _, ref_d, coefs_d = TABLE["retrace_discrete"]
+    out = K.retrace_discrete(xd["pi"], xd["action"], xd["q_values"], xd["next_pi"], xd["next_q_values"],
+                             xd["reward"], xd["done"], xd["terminated"], behavior_prob=xd["behavior_prob"],
+                             backend=backend, **coefs_d)
+    for i, (o, e) in enumerate(zip(out, ref_d(xd, time_dim=0, **coefs_d)[0])):
+        assert_close(f"retrace_discrete[{i}]", o, e)

@@ -132,9 +132,10 @@ def test_lookback_concurrent_chunks(algo, chunks, monkeypatch):
 @pytest.mark.parametrize("shape", [(300, 7, 1), (256, 8, 1)], ids=["B300-T7", "B256-T8"])
 @pytest.mark.parametrize("algo", list(TABLE))
 def test_short_sequence_tiles(algo, shape):
-    """Sequences of 5-8 steps in many rows run in tiles of 4 steps (two per sequence): the carry between them."""
+    """Sequences of 5-8 steps in many rows run in 8-step tiles of ``SHORT_BLOCK_R`` rows (partial tiles of rows and
+    steps)."""
     cfg = scan.launch_config(_layout(shape))
-    assert (cfg["BLOCK_T"], cfg["BLOCK_R"], cfg["LOOKBACK"]) == (scan.SHORT_BLOCK_T, scan.SHORT_BLOCK_R, 0)
+    assert (cfg["BLOCK_T"], cfg["BLOCK_R"], cfg["LOOKBACK"]) == (8, scan.SHORT_BLOCK_R, 0)
     _compare(algo, shape, "random", seed=3, with_state=True)
 
 
@@ -151,9 +152,10 @@ def test_register_caps_on_warp_local_row_tiles_only(monkeypatch):
 
 
 @pytest.mark.parametrize("algo", ["gae", "vtrace"])
-def test_register_capped_kernels_match_reference(algo):
-    """The capped kernels (``maxnreg`` passed through the launcher) at a shape that selects them, with the chunk
-    loop walking several 128-step tiles."""
+def test_register_capped_kernels_match_reference(algo, monkeypatch):
+    """The capped kernels (``maxnreg`` passed through the launcher) at a shape that selects them (row tiles: the
+    few-rows rule switched off), with the chunk loop walking several 128-step tiles."""
+    monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
     assert scan.launch_config(_layout((5, 300, 1)), f"_{algo}_fwd_kernel").get("maxnreg") == scan.REGISTER_CAPS[
         f"_{algo}_fwd_kernel"]
     _compare(algo, (5, 300, 1), "random", seed=11, with_state=True)
@@ -167,3 +169,60 @@ def test_segmented_lookback_per_kernel(monkeypatch):
     assert (row["BLOCK_R"], row["BLOCK_T"]) == (1, scan.LOOKBACK_BLOCK_T)
     assert (seg["BLOCK_R"], seg["BLOCK_T"]) == (scan.LOOKBACK_SEGMENTS, scan.LOOKBACK_SEGMENT_T)
     assert seg["grid"] == (4 * 2**16 // (scan.LOOKBACK_SEGMENTS * scan.LOOKBACK_SEGMENT_T),)
+
+
+def test_launch_switches_to_the_inputs_device(monkeypatch):
+    """A launch for inputs on another CUDA device than the current one runs under ``torch.cuda.device`` of theirs,
+    and a launch on the current device enters none (no GPU needed: the device calls and the kernel are stand-ins)."""
+    import contextlib
+
+    from rl_triton_torchrl.kernels._utils import Layout
+
+    current, launched = [0], []
+
+    @contextlib.contextmanager
+    def device(d):
+        before, current[0] = current[0], torch.device(d).index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    class Kernel:  # the launcher stand-in: the plain path (no settings, no plan), recording the current device
+        name = "_stand_in_kernel"
+
+        def __init__(self, kernel):
+            pass
+
+        def settings(self):
+            return None
+
+        def __call__(self, grid, num_warps, maxnreg=None, **kwargs):
+            launched.append(current[0])
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(scan, "launcher", Kernel)
+    x = torch.empty(2, 5, 1, device="meta")
+    for index in (1, 0):
+        layout = Layout(shape=x.shape, time_dim=1, outer=2, T=5, inner=1, dtype=torch.float32,
+                        acc_dtype=torch.float32, device=torch.device("cuda", index))
+        scan.launch(Kernel, layout, inputs={"a": x, "b": x}, outputs={"h": x}, REVERSE=False)
+    assert launched == [1, 0] and current == [0], launched
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("algo", ["gae", "vtrace", "retrace", "sum_after_done"])
+def test_inputs_on_another_device(algo):
+    """Inputs on cuda:1 while cuda:0 is current: the kernels run on cuda:1 (the first call and its launch plan)."""
+    call, ref, coefs = TABLE[algo]
+    x = {k: (v.to("cuda:1") if isinstance(v, torch.Tensor) else v)
+         for k, v in make_rollout((3, 70, 1), -2, "random", seed=2).items()}
+    kw = dict(coefs, initial_state=torch.randn(3, 1, device="cuda:1"))
+    expected, h_expected = ref(x, **kw)
+    with torch.cuda.device(0):
+        for _ in range(2):
+            out = as_tuple(call(x, backend="triton", output_final_state=True, **kw))
+            for i, (o, e) in enumerate(zip(out, as_tuple(expected) + (h_expected,))):
+                assert o.device == torch.device("cuda:1"), f"{algo}[{i}] on {o.device}"
+                assert_close(f"{algo}[{i}]", o, e, torch.float32)

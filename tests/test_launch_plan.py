@@ -14,9 +14,13 @@ import ctypes
 import importlib
 import itertools
 import os
+import struct
 import subprocess
 import sys
+import types
+import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -95,19 +99,21 @@ class StandIn:
     """A compiled-kind ``JITFunction`` of an interpreted kernel (``jit``), "compiled" into ``_Compiled``s.
 
     Counts launches: ``plain`` through ``kernel[grid]``, ``lean`` by the lean launcher with tensors, ``replayed``
-    by a launch plan (pointers passed as ints).
+    by a launch plan (pointers passed as ints) through Triton's launcher, ``native`` by a launch plan through the
+    driver (``_launcher.NativeLaunch``).
     """
 
     def __init__(self, interpreted):
         self.interpreted = interpreted
         self.jit = JITFunction(interpreted.fn)
         self.jit.run = self._compile
-        self.plain = self.lean = self.replayed = 0
+        self.plain = self.lean = self.replayed = self.native = 0
+        self.compiled_type = _Compiled
 
     def _compile(self, *args, grid, warmup, **kwargs):
         self.plain += 1
         self.interpreted[grid](**kwargs)
-        return _Compiled(self, kwargs)
+        return self.compiled_type(self, kwargs)
 
 
 class _Driver:
@@ -116,6 +122,81 @@ class _Driver:
 
     def get_current_stream(self, device):
         return 0
+
+
+# The native launch (``_launcher.NativeLaunch``) on the CPU: stand-ins with the metadata and signature of a compiled
+# kernel, and a stand-in for the driver's cuLaunchKernel that decodes the parameter buffer it is given and runs the
+# interpreted kernel on those values.
+
+_SLOT_FORMATS = {"i1": "b", "i32": "i", "i64": "q", "u1": "B", "u64": "Q", "fp32": "f", "fp64": "d"}
+
+
+def _signature(jit: JITFunction, kwargs: dict) -> dict:
+    """The compiled signature Triton 3.6 gives these arguments: "constexpr" for constexpr parameters, None and ints
+    equal to 1, else the type (pointers "*<dtype>")."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import native_specialize_impl
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    return {p.name: "constexpr" if p.is_constexpr else native_specialize_impl(backend, kwargs[p.name], False, True,
+                                                                                True)[0]
+            for p in jit.params}
+
+
+class _Metadata(NamedTuple):
+    num_warps: int
+    num_ctas: int = 1
+    shared: int = 0
+    global_scratch_size: int = 0
+    profile_scratch_size: int = 0
+    launch_pdl: bool = False
+    launch_cooperative_grid: bool = False
+
+
+class _NativeCompiled(_Compiled):
+    """A ``_Compiled`` that ``_launcher.native`` can launch: metadata, signature and a function handle."""
+
+    def __init__(self, stand_in, kwargs: dict):
+        super().__init__(stand_in, kwargs)
+        self.metadata = _Metadata(num_warps=self.num_warps)
+        self.src = types.SimpleNamespace(signature=_signature(stand_in.jit, kwargs))
+        self.kwargs = kwargs
+        self.function = id(self)
+        _NATIVE[self.function] = self
+
+
+_NATIVE: dict[int, _NativeCompiled] = {}
+
+
+def _fake_cu_launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    """Decodes the parameters a native launch passes (``params``: the address of an array of pointers, one per
+    runtime parameter, then the two scratch pointers) and runs the interpreted kernel on them."""
+    compiled = _NATIVE[function]
+    assert (bx, by, bz, shared, stream, extra) == (32 * compiled.num_warps, 1, 1, 0, 0, None)
+    runtime = [(name, ty) for name, ty in compiled.src.signature.items() if ty != "constexpr"]
+    pointers = (ctypes.c_void_p * (len(runtime) + 2)).from_address(params)
+    kwargs = {}
+    for (name, ty), address in zip(runtime, pointers):
+        fmt = "Q" if ty.startswith("*") else _SLOT_FORMATS[ty]
+        (value,) = struct.unpack("<" + fmt, ctypes.string_at(address, struct.calcsize(fmt)))
+        kwargs[name] = _alias(value, *compiled.views[name]) if name in compiled.views else value
+    assert [struct.unpack("<Q", ctypes.string_at(a, 8))[0] for a in pointers[-2:]] == [0, 0], "scratch not null"
+    for name, value in compiled.kwargs.items():  # the compile-time constants, as the plain launch passed them
+        if compiled.src.signature.get(name) == "constexpr" or name == "num_warps":
+            kwargs.setdefault(name, value)
+    compiled.stand_in.native += 1
+    compiled.stand_in.interpreted[(gx, gy, gz)](**kwargs)
+    return 0
+
+
+@pytest.fixture
+def native_stand_ins(stand_ins, monkeypatch):
+    """``stand_ins`` whose compiled kernels launch natively, through ``_fake_cu_launch_kernel``."""
+    monkeypatch.setattr(_launcher, "_LIBCUDA", (_fake_cu_launch_kernel, None))
+    for stand_in in stand_ins.stand_ins:
+        stand_in.compiled_type = _NativeCompiled
+    return stand_ins
 
 
 class Counts:
@@ -128,7 +209,7 @@ class Counts:
         return sum(getattr(s, name) for s in self.__dict__["stand_ins"])
 
     def snapshot(self) -> tuple[int, int, int]:
-        return self.plain, self.lean, self.replayed
+        return self.plain, self.lean, self.replayed + self.native
 
 
 @pytest.fixture
@@ -178,7 +259,8 @@ CASES = {
                                   "output_final_state": True}, {}),
     "look-back": ({"shape": (2, 40, 1)}, lambda x: {"output_final_state": True},
                   {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 16}),
-    "chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 16, "TILE_ELEMENTS": 32}),
+    "chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 16, "TILE_ELEMENTS": 32, "WIDE_MAX_ROWS": 0}),
+    "wide-chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 8, "WIDE_MAX_T": 16}),
 }
 
 
@@ -244,6 +326,122 @@ def test_replay_reads_each_calls_data(stand_ins, monkeypatch):
         assert_identical(f"seed {seed} again", again, expected)
         assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, again)), "outputs reused between calls"
     assert stand_ins.plain == 4 + 1 and stand_ins.replayed == 7, "every call after the first should replay"
+
+
+# every algorithm in the common cases, GAE in every other
+NATIVE_CASES = [(algo, case) for algo in TABLE for case in ("contig", "states", "look-back")] + [
+    ("gae", case) for case in ("time-major", "broadcast", "float64", "bfloat16", "states-float64", "chunks",
+                               "wide-chunks")]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("algo,case", NATIVE_CASES)
+def test_native_replay_equals_plain(algo, case, native_stand_ins, monkeypatch):
+    """Replays through the driver itself: the parameter buffer holds exactly what Triton's launch passes."""
+    rollout, extra, patches = CASES[case]
+    for name, value in patches.items():
+        monkeypatch.setattr(scan, name, value)
+    x = make_rollout(**{"shape": (3, 20, 2), **rollout})
+    before = native_stand_ins.native
+    _replays_equal_plain(monkeypatch, native_stand_ins, algo, x, extra(x))
+    assert native_stand_ins.native - before == 2, "the replays should have launched natively"
+
+
+@needs_interpreter
+def test_native_replay_reads_each_calls_data(native_stand_ins, monkeypatch):
+    """Each native replay writes its own pointers and numbers into the plan's buffer."""
+    call, _, _ = TABLE["gae"]
+    for seed, gamma, lmbda in ((0, 0.97, 0.9), (1, 0.5, 0.2), (2, 1e-40, 1.0)):
+        x = make_rollout((3, 20, 2), seed=seed)
+        expected = _plain(monkeypatch, lambda: call(x, backend="triton", gamma=gamma, lmbda=lmbda))
+        for i in range(2):
+            assert_identical(f"seed {seed} call {i}", call(x, backend="triton", gamma=gamma, lmbda=lmbda), expected)
+    assert native_stand_ins.native == 5
+
+
+class _MetaCompiled:
+    """Just enough of a ``CompiledKernel`` for ``_launcher.native``."""
+
+    def __init__(self, signature: dict, **metadata):
+        self.metadata = _Metadata(**{"num_warps": 4, **metadata})
+        self.src = types.SimpleNamespace(signature=signature)
+        self.function, self.run = 99, None
+
+
+@pytest.mark.parametrize("case", ["scratch", "profile-scratch", "clusters", "pdl", "cooperative", "fp16-scalar",
+                                  "tuple", "names", "no-driver"])
+def test_no_native_launch_where_triton_launches_otherwise(case, monkeypatch):
+    """Kernels whose launch is more than a plain cuLaunchKernel (or unknown) keep Triton's launcher."""
+    monkeypatch.setattr(_launcher, "_LIBCUDA", (_fake_cu_launch_kernel, None))
+    sig = {"x_ptr": "*fp32", "n": "i32", "a": "fp32", "B": "constexpr"}
+    meta = {"scratch": {"global_scratch_size": 64}, "profile-scratch": {"profile_scratch_size": 8},
+            "clusters": {"num_ctas": 2}, "pdl": {"launch_pdl": True}, "cooperative": {"launch_cooperative_grid": True}
+            }.get(case, {})
+    names = tuple(sig)
+    if case == "fp16-scalar":
+        sig["a"] = "fp16"
+    elif case == "tuple":
+        sig["n"] = ("i32", "i32")
+    elif case == "names":
+        names = ("x_ptr", "a", "n", "B")
+    elif case == "no-driver":
+        monkeypatch.setattr(_launcher, "_LIBCUDA", False)
+    assert _launcher.native(_MetaCompiled(sig, **meta), names) is None
+    monkeypatch.setattr(_launcher, "_LIBCUDA", (_fake_cu_launch_kernel, None))
+    plain = _launcher.native(_MetaCompiled({"x_ptr": "*fp32", "n": "i32", "a": "fp32", "B": "constexpr"}),
+                             ("x_ptr", "n", "a", "B"))
+    assert plain == _launcher.NativeLaunch(99, 128, 0, (("x_ptr", "Q"), ("n", "i"), ("a", "f")))
+
+
+def test_native_buffer_layout():
+    """``prepare`` writes the fixed parameters once and the per-call ones at each launch, in the kernel's order."""
+    seen = {}
+
+    def launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        pointers = (ctypes.c_void_p * 6).from_address(params)
+        fmts = ["Q", "i", "f", "q", "Q", "Q"]
+        seen["values"] = [struct.unpack("<" + f, ctypes.string_at(a, struct.calcsize(f)))[0]
+                          for f, a in zip(fmts, pointers)]
+        seen["launch"] = (function, gx, gy, gz, bx, by, bz, shared, stream)
+        return 0
+
+    native = _launcher.NativeLaunch(7, 256, 1024, (("x_ptr", "Q"), ("n", "i"), ("a", "f"), ("s", "q")))
+    prepared = native.prepare((5,), ("x_ptr", "a"), {"n": -3, "s": 2**40})
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_launcher, "_LIBCUDA", (launch, None))
+        prepared.launch(11, 0xDEADBEEF0, 0.5)
+        assert seen["values"] == [0xDEADBEEF0, -3, 0.5, 2**40, 0, 0]
+        assert seen["launch"] == (7, 5, 1, 1, 256, 1, 1, 1024, 11)
+        prepared.launch(12, 16, 0.25)
+        assert seen["values"][:3] == [16, -3, 0.25]
+
+
+def test_native_launch_error_is_raised(monkeypatch):
+    """A driver error is an exception naming it (``scan.launch`` then launches the plain way)."""
+    monkeypatch.setattr(_launcher, "_LIBCUDA", (lambda *args: 1, None))
+    prepared = _launcher.NativeLaunch(7, 128, 0, (("x_ptr", "Q"),)).prepare((1,), ("x_ptr",), {})
+    with pytest.raises(_launcher.LaunchError, match="cuLaunchKernel failed: CUresult 1") as info:
+        prepared.launch(0, 16)
+    assert info.value.code == 1
+
+
+@needs_interpreter
+@pytest.mark.parametrize("code", [1, _launcher.NO_CONTEXT])
+def test_failed_native_replay_launches_plainly(code, native_stand_ins, monkeypatch):
+    """A native launch that fails (no context on a new thread, or anything else) leaves the call to Triton's
+    launcher, with the same outputs, drops the plan, and warns once unless the thread only lacked its context."""
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    expected = _plain(monkeypatch, lambda: call(x, backend="triton", **coefs))
+    call(x, backend="triton", **coefs)  # plain, builds the plan
+    monkeypatch.setattr(_launcher, "_LIBCUDA", (lambda *args: code, None))
+    monkeypatch.setattr(scan, "_FAILED_REPLAYS", 0)
+    plain = native_stand_ins.plain + native_stand_ins.lean
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_identical("after a failed native launch", call(x, backend="triton", **coefs), expected)
+    assert native_stand_ins.plain + native_stand_ins.lean == plain + 1, "not launched through Triton's launcher"
+    assert len([w for w in caught if "replayed launch failed" in str(w.message)]) == (code != _launcher.NO_CONTEXT)
 
 
 def _gae_key(x: dict, **kw) -> tuple:
@@ -611,3 +809,21 @@ def test_gpu_gae_functional_unchanged():
         out = gae_fn(x["reward"], x["value"], x["next_value"], x["done"], x["terminated"], gamma=0.97, lmbda=0.9)
         for o, r in zip(out, ref):
             torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-4)
+
+
+@needs_interpreter
+def test_shifted_gae_is_planned_and_replays(native_stand_ins, monkeypatch, plans):
+    """GAE's shifted input mode (the last value broadcast along time as ``nv``) builds a plan and replays it natively,
+    equal to the plain path bit for bit."""
+    x = make_rollout((3, 20, 2), seed=5)
+    lv = torch.randn(3, 2, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+    def call():
+        return gae_fn(x["reward"], x["value"], None, x["done"], gamma=0.97, lmbda=0.9, time_dim=-2,
+                      last_state_value=lv, backend="triton")
+
+    expected = _plain(monkeypatch, call)
+    before = native_stand_ins.native
+    for i in range(3):
+        assert_identical(f"shifted call {i}", call(), expected)
+    assert native_stand_ins.native - before == 2 and len(plans) == 1

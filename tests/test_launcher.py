@@ -395,3 +395,25 @@ def test_lean_launch_in_cuda_graph(plain_runs):
     graph.replay()
     torch.cuda.synchronize()
     assert_close("out", args["out_ptr"], _expected(args))
+
+
+@pytest.mark.parametrize("version", ["3.7.1", "3.9.0", "4.0.0"])
+def test_unverified_triton_takes_plain_path_and_says_so(recorder, monkeypatch, version):
+    """On a Triton the lean launcher was not verified on, every launch is plain, and one warning says so."""
+    lean, plain, compiled = recorder
+    monkeypatch.setattr(_launcher.triton, "__version__", version)
+    monkeypatch.setattr(_launcher, "_VERIFIED", None)
+    with pytest.warns(RuntimeWarning, match=f"Triton {version} is not one its lean launcher was verified on"):
+        assert lean.settings() is None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once only
+        for _ in range(3):
+            lean((1,), 4, **_args())
+    assert len(plain) == 3 and not compiled.launches
+
+
+def test_verified_triton_is_the_installed_one_in_ci():
+    """CI's pinned Triton is a verified one (else the lean path would never be tested here)."""
+    assert _launcher.VERIFIED_TRITON >= {"3.6.0"}

@@ -177,7 +177,8 @@ def test_chunked_path(algo, backend, shape, time_dim, small_tiles):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algo", ["traces", "sum_after_done", "disc_at_start"])
 def test_long_sequence(algo, backend):
-    """T = 3000 > MAX_BLOCK_T: the real chunk loop, carries across three tiles."""
+    """T = 3000 > MAX_BLOCK_T: the real chunk loop (two rows: two 2048-step tiles per row; the look-back mode
+    from 4096 steps), with carries between tiles."""
     shape = (2, 3000, 1)
     run_and_check(algo, make_inputs(shape, -2, "random"), backend, initial_state=_state(shape, -2), final_state=True)
 

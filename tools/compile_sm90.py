@@ -91,14 +91,18 @@ def main():
 
     compiler = _Compiler()
     JITFunction.__getitem__ = lambda self, grid: compiler(self, grid)
-    modes = [("tiles", {})] if args.quick else [
-        ("tiles", {}), ("look-back", {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 2048})]
+    # row tiles (the few-rows rule off, so that two rows take them), one wide tile per row (the default for two rows
+    # of 300 steps), look-back chunks
+    modes = [("tiles", {"WIDE_MAX_ROWS": 0}), ("wide", {})]
+    if not args.quick:
+        modes.append(("look-back", {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 2048}))
     for mode, settings in modes:
         old = {k: getattr(scan, k) for k in settings}
         for k, v in settings.items():
             setattr(scan, k, v)
         try:
-            # 40 steps: one tile of 64; 300 steps: chunks of MAX_BLOCK_T (the reverse scans' own reversal)
+            # 40 steps: one tile of 64; 300 steps: chunks of MAX_BLOCK_T (the reverse scans' own reversal), or one
+            # 512-step tile
             for (name, (call, _, coefs)), steps in itertools.product(TABLE.items(), (40, 300)):
                 for state in ((False,) if args.quick else (False, True)):
                     x = make_rollout((2, steps, 1), 1, "random", torch.float32)

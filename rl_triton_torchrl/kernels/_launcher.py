@@ -34,23 +34,33 @@ launcher takes without asking the driver about them).
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
+import threading
+import warnings
 from operator import attrgetter, itemgetter
 from typing import Callable, NamedTuple
 
 import torch
 
 try:
+    import triton
     from triton import knobs
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
-except ImportError:  # another Triton: every call takes the plain path
-    knobs = driver = JITFunction = None
+except ImportError:  # no Triton, or another one: every call takes the plain path
+    triton = knobs = driver = JITFunction = None
 
-__all__ = ["LEAN_LAUNCH", "Launcher", "Specializer", "launcher", "replay"]
+__all__ = ["LEAN_LAUNCH", "VERIFIED_TRITON", "Launcher", "NativeLaunch", "Specializer", "launcher", "replay",
+           "verified_triton"]
 
 # Debugging aid: False sends every launch through ``kernel[grid]``.
 LEAN_LAUNCH = os.environ.get("RL_TRITON_TORCHRL_LEAN_LAUNCH", "1") != "0"
+# The Triton releases whose internals this module was checked against (specialization rules, ``JITFunction``'s
+# attributes, ``CompiledKernel``'s launcher and the parameters it passes to the driver). Any other Triton takes the
+# plain path, ``kernel[grid](...)``, for every launch, and says so once (``verified_triton``).
+VERIFIED_TRITON = frozenset({"3.6.0"})
 # Compiled kernels, and keys of int argument values, remembered per kernel; each is cleared when full (the next call
 # of a forgotten compiled kernel takes the plain path again, a forgotten int key is recomputed).
 MAX_SPECIALIZATIONS = 256
@@ -156,6 +166,7 @@ class _Compiled(NamedTuple):
     run: object
     function: int
     packed_metadata: tuple
+    native: NativeLaunch | None  # the same launch without Triton's launcher, where it can be made (``native``)
 
 
 class Launcher:
@@ -195,7 +206,8 @@ class Launcher:
         and Triton's debug settings, Triton's instrumentation mode). None where every launch takes the plain path
         now: ``LEAN_LAUNCH`` off, not a ``JITFunction``, a hook set, a changed global, or anything unexpected."""
         try:
-            if LEAN_LAUNCH and self.specializer is not None and self._launch_is_plain() and self._globals_unchanged():
+            if (LEAN_LAUNCH and self.specializer is not None and verified_triton() and self._launch_is_plain()
+                    and self._globals_unchanged()):
                 return (driver.active.get_current_device(), self.kernel.debug, knobs.runtime.debug,
                         knobs.compilation.instrumentation_mode)
         except Exception:  # noqa: BLE001 - e.g. an attribute missing in another Triton: the plain path
@@ -240,12 +252,18 @@ class Launcher:
         try:
             if hasattr(compiled, "result") or compiled.function is None:
                 return
-            entry = _Compiled(compiled, compiled.run, compiled.function, compiled.packed_metadata)
+            entry = _Compiled(compiled, compiled.run, compiled.function, compiled.packed_metadata,
+                              native(compiled, self.specializer.names))
         except AttributeError:  # the interpreter's None, or another Triton
             return
         if len(self.compiled) >= MAX_SPECIALIZATIONS:
             self.compiled.clear()
         self.compiled[key] = entry
+
+
+def current_stream(device: int) -> int:
+    """The handle of the current CUDA stream of ``device`` (Triton's ``get_current_stream``)."""
+    return driver.active.get_current_stream(device)
 
 
 def replay(hit: _Compiled, grid, device: int, args: tuple) -> None:
@@ -266,3 +284,165 @@ def launcher(kernel) -> Launcher:
     if lean is None or lean.kernel is not kernel:
         lean = _LAUNCHERS[id(kernel)] = Launcher(kernel)
     return lean
+
+
+def verified_triton() -> bool:
+    """Whether the installed Triton is one this module was verified on (``VERIFIED_TRITON``). On any other the
+    lean path is off, and the first launch says so once (a ``RuntimeWarning``)."""
+    global _VERIFIED
+    if _VERIFIED is None:
+        version = getattr(triton, "__version__", None)
+        _VERIFIED = version in VERIFIED_TRITON
+        if not _VERIFIED and triton is not None:
+            warnings.warn(f"rl_triton_torchrl: Triton {version} is not one its lean launcher was verified on "
+                          f"({', '.join(sorted(VERIFIED_TRITON))}); every kernel launches through Triton's own "
+                          "launcher (same results, more host time per call)", RuntimeWarning, stacklevel=3)
+    return _VERIFIED
+
+
+_VERIFIED: bool | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Native launches: the driver's cuLaunchKernel on a prepared parameter buffer
+# ---------------------------------------------------------------------------------------------------------------
+# Triton's launcher (``CompiledKernel.run``: a Python wrapper and a generated C module) parses every argument of
+# every launch. A launch plan (``scan.launch``) knows every argument of its launches but the data pointers and the
+# float numbers: ``NativeLaunch.prepare`` keeps all parameters in one buffer, in the layout the driver reads, and
+# each launch writes only the per-call values into it (one ``struct.pack_into``) and calls ``cuLaunchKernel``
+# itself. The parameters are those Triton 3.6's launcher passes (``VERIFIED_TRITON``): the kernel's parameters
+# that are not compile-time constants (constexprs, ints equal to 1 and None, which the compiled signature marks
+# "constexpr"), in order, then its global and profile scratch pointers (null: kernels that need scratch memory get
+# no native launch). The call holds the GIL (``ctypes.PyDLL``), so that no other thread writes a buffer between
+# its pack and the driver's copy of the parameters.
+
+# struct formats of the scalar parameter types of Triton's signatures; pointers ("*fp32", ...) are "Q"
+_FORMATS = {"i1": "b", "i8": "b", "i16": "h", "i32": "i", "i64": "q", "u1": "B", "u8": "B", "u16": "H",
+            "u32": "I", "u64": "Q", "fp32": "f", "f32": "f", "fp64": "d"}
+_SLOT = 8  # bytes per parameter in a buffer: every parameter type above fits, 8-byte aligned
+
+
+class NativeLaunch(NamedTuple):
+    """What ``cuLaunchKernel`` needs of a compiled kernel: its function handle, threads per block, dynamic shared
+    memory and the (name, struct format) of each parameter it receives, in order (the two scratch pointers
+    excluded)."""
+
+    function: int
+    block: int
+    shared: int
+    params: tuple
+
+    def prepare(self, grid, per_call: tuple, fixed: dict) -> PreparedLaunch:
+        """A launch of this kernel over ``grid`` whose parameters named in ``per_call`` change from call to call
+        (pointers as ints, numbers) and whose others take their values from ``fixed`` (name -> value)."""
+        formats = dict(self.params)
+        names = [name for name, _ in self.params]
+        order = list(per_call) + [name for name in names if name not in per_call]
+        if set(per_call) - set(names):
+            raise KeyError(f"not runtime parameters of the kernel: {sorted(set(per_call) - set(names))}")
+        slot = {name: i for i, name in enumerate(order)}
+        n = len(order) + 2  # the global and profile scratch pointers, null
+        buffer = ctypes.create_string_buffer(n * _SLOT)
+        base = ctypes.addressof(buffer)
+        for name in order[len(per_call):]:
+            value = fixed[name]
+            if value is None or isinstance(value, bool) and formats[name] == "Q":
+                value = 0
+            struct.pack_into("<" + formats[name], buffer, slot[name] * _SLOT, value)
+        params = (ctypes.c_void_p * n)(*[base + slot[name] * _SLOT for name in names],
+                                       base + len(order) * _SLOT, base + (len(order) + 1) * _SLOT)
+        pack = struct.Struct("<" + "".join(formats[name] + "x" * (_SLOT - struct.calcsize(formats[name]))
+                                           for name in per_call)).pack_into
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        return PreparedLaunch(self.function, grid, self.block, self.shared, buffer, params,
+                              ctypes.addressof(params), pack)
+
+
+class LaunchError(RuntimeError):
+    """``cuLaunchKernel`` returned an error (``code``, a ``CUresult``)."""
+
+    def __init__(self, code: int):
+        super().__init__(f"cuLaunchKernel failed: {_driver_error(code)}")
+        self.code = code
+
+
+# CUDA_ERROR_INVALID_CONTEXT: the calling thread has no current context (a thread's first launch, which Triton's
+# launcher makes current)
+NO_CONTEXT = 201
+
+
+class PreparedLaunch(NamedTuple):
+    """A ``NativeLaunch`` with its grid and fixed parameters in place: ``launch(stream, *values)``."""
+
+    function: int
+    grid: tuple
+    block: int
+    shared: int
+    buffer: object  # the parameters (ctypes buffer), kept alive
+    params: object  # the pointers to them (ctypes array), kept alive
+    params_address: int
+    pack: Callable
+
+    def launch(self, stream: int, *values) -> None:
+        """Writes ``values`` (the per-call parameters, in ``prepare``'s order) and launches on ``stream``."""
+        self.pack(self.buffer, 0, *values)
+        g = self.grid
+        result = _LIBCUDA[0](self.function, g[0], g[1], g[2], self.block, 1, 1, self.shared, stream,
+                             self.params_address, None)
+        if result:
+            raise LaunchError(result)
+
+
+def native(compiled, names: tuple) -> NativeLaunch | None:
+    """The ``NativeLaunch`` of a ``CompiledKernel`` whose parameters are ``names``, or None where its launch is not
+    a plain ``cuLaunchKernel`` as Triton 3.6 makes it (clusters, programmatic dependent launch, cooperative grid,
+    scratch memory, a parameter type outside ``_FORMATS``, no driver library) or anything is unexpected."""
+    try:
+        md = compiled.metadata
+        if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_pdl", False)
+                or getattr(md, "launch_cooperative_grid", False) or md.global_scratch_size
+                or md.profile_scratch_size or _driver_launch() is None):
+            return None
+        signature = compiled.src.signature
+        if tuple(signature) != tuple(names):
+            return None
+        params = []
+        for name, ty in signature.items():
+            if ty == "constexpr":
+                continue
+            fmt = "Q" if isinstance(ty, str) and ty.startswith("*") else _FORMATS.get(ty)
+            if fmt is None:
+                return None
+            params.append((name, fmt))
+        compiled.run  # loads the binary: the function handle
+        return NativeLaunch(int(compiled.function), 32 * md.num_warps, md.shared, tuple(params))
+    except Exception:  # noqa: BLE001 - e.g. another Triton's metadata: Triton's launcher
+        return None
+
+
+_LIBCUDA = None  # the driver's cuLaunchKernel, or False where it cannot be loaded
+
+
+def _driver_launch():
+    """``cuLaunchKernel`` of libcuda (through ``ctypes.PyDLL``: the GIL stays held), or None without a driver."""
+    global _LIBCUDA
+    if _LIBCUDA is None:
+        try:
+            lib = ctypes.PyDLL("libcuda.so.1")
+            fn = lib.cuLaunchKernel
+            fn.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            err = lib.cuGetErrorString
+            err.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+            err.restype = ctypes.c_int
+            _LIBCUDA = (fn, err)
+        except (OSError, AttributeError):
+            _LIBCUDA = False
+    return _LIBCUDA[0] if _LIBCUDA else None
+
+
+def _driver_error(code: int) -> str:
+    text = ctypes.c_char_p()
+    if _LIBCUDA and _LIBCUDA[1] is not None and _LIBCUDA[1](code, ctypes.byref(text)) == 0 and text.value:
+        return f"{text.value.decode()} (CUresult {code})"
+    return f"CUresult {code}"

@@ -18,8 +18,8 @@ import torch
 from . import _triton
 
 __all__ = [
-    "InputError", "Layout", "check_inputs", "check_coef", "check_nonnegative", "check_values", "checks_values",
-    "getenv", "is_cached", "resolve_backend", "rows_strides",
+    "DEFAULT_TIME_DIM", "InputError", "Layout", "check_inputs", "check_coef", "check_nonnegative", "check_values",
+    "checks_values", "getenv", "is_cached", "resolve_backend", "resolve_time_dim", "rows_strides",
 ]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -251,12 +251,33 @@ def _check_tensor(name: str, x) -> None:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
 
 
-def check_inputs(time_dim: int, floats: dict, flags: dict, states: dict | None = None, *,
+# The time dimension of the kernel functions' ``time_dim=None``: TorchRL's (``[*B, T, 1]``), except for 2-D inputs
+# (``resolve_time_dim``).
+DEFAULT_TIME_DIM = -2
+
+
+def resolve_time_dim(time_dim, shape) -> int:
+    """``time_dim``, or for None (the kernel functions' default) ``DEFAULT_TIME_DIM``, except on 2-D inputs: there
+    ``[B, T]`` (rl-triton's ``[num_envs, T]``, time last) and TorchRL's time-major ``[T, B]`` look alike, and the
+    default would scan B as time without a word, so None raises an ``InputError`` that names both conventions.
+    Anything but None is returned as it is (``check_inputs`` checks it)."""
+    if time_dim is not None:
+        return time_dim
+    if len(shape) == 2:
+        raise InputError(
+            f"time_dim must be given for 2-D inputs (shape {tuple(shape)}): time_dim=-1 for [B, T] (one row per "
+            "environment, rl-triton's [num_envs, T]), time_dim=0 (or -2) for TorchRL's time-major [T, B]; the "
+            "default, -2, is for TorchRL's [B, T, 1] and inputs of any other number of dims")
+    return DEFAULT_TIME_DIM
+
+
+def check_inputs(time_dim: int | None, floats: dict, flags: dict, states: dict | None = None, *,
                  optional: tuple = ()) -> Layout:
     """Validates the inputs of one call and returns their common layout.
 
     Args:
-        time_dim: the time dimension of every input.
+        time_dim: the time dimension of every input; None (the kernel functions' default) for -2, which 2-D inputs
+            refuse (``resolve_time_dim``).
         floats: name -> float tensor. All share one shape, dtype and device.
         flags: name -> bool tensor, of the same shape.
         states: name -> float tensor or None, of the input shape without the time dimension.
@@ -273,10 +294,15 @@ def _uniform_layout(time_dim, floats: dict, flags: dict, optional: tuple) -> Lay
     dense ``torch.Tensor`` of its shape and device (or None where optional), the floats of its float dtype, the
     flags bool, an int ``time_dim`` in range. None for any other call: ``_checked_layout`` then names the culprit."""
     ref = next(iter(floats.values()), None)
-    if (type(ref) is not _TENSOR or type(time_dim) is not int or ref.dtype not in FLOAT_DTYPES
-            or ref.layout is not _STRIDED):
+    if type(ref) is not _TENSOR or ref.dtype not in FLOAT_DTYPES or ref.layout is not _STRIDED:
         return None
     shape, device = ref.shape, ref.device
+    if time_dim is None:
+        if len(shape) == 2:
+            return None  # ambiguous: _checked_layout raises
+        time_dim = DEFAULT_TIME_DIM
+    elif type(time_dim) is not int:
+        return None
     for inputs, dtype in ((floats, ref.dtype), (flags, _BOOL)):
         for name, x in inputs.items():
             if x is ref:
@@ -327,14 +353,16 @@ def _checked_layout(time_dim, floats: dict, flags: dict, optional: tuple) -> Lay
                              "every input must have the same [*B, T, *F] shape")
         if x.device != ref.device:
             raise InputError(f"{name} is on {x.device} but {ref_name} is on {ref.device}")
-    if isinstance(time_dim, bool) or not isinstance(time_dim, numbers.Integral):
+    if time_dim is not None and (isinstance(time_dim, bool) or not isinstance(time_dim, numbers.Integral)):
         raise TypeError(f"time_dim must be an int, got {type(time_dim).__name__}")
-    time_dim = int(time_dim)
     ndim = ref.dim()
     if ndim == 0:
         raise InputError(f"{ref_name} must have a time dimension, got a 0-d tensor")
+    defaulted = time_dim is None
+    time_dim = int(resolve_time_dim(time_dim, ref.shape))
     if not -ndim <= time_dim < ndim:
-        raise InputError(f"time_dim={time_dim} is out of range for inputs of shape {tuple(ref.shape)}")
+        hint = " (the default): pass time_dim=0 for [T] inputs" if defaulted else ""
+        raise InputError(f"time_dim={time_dim} is out of range for inputs of shape {tuple(ref.shape)}{hint}")
     return _layout(ref.shape, time_dim % ndim, ref.dtype, ref.device)
 
 

@@ -42,7 +42,7 @@ def eligibility_traces(
     *,
     gamma: float | torch.Tensor,
     lmbda: float | torch.Tensor,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -58,7 +58,8 @@ def eligibility_traces(
         gamma (float or Tensor): discount, a number or a tensor broadcastable to ``x`` (per step: the decay into
             step t).
         lmbda (float or Tensor): trace-decay lambda, likewise.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` trace :math:`e_{-1}` carried in from the preceding segment
             (its ``output_final_state``), decayed by :math:`\gamma_0\lambda_0` at step 0. Defaults to zero.
         output_final_state (bool): also return :math:`(1 - \mathrm{done}_{T-1})\, e_{T-1}` (float32, or float64 for
@@ -78,5 +79,5 @@ def eligibility_traces(
     gamma, lmbda = (c.to(layout.device, layout.acc_dtype) if isinstance(c, torch.Tensor) else c
                     for c in (check_coef("gamma", gamma, layout), check_coef("lmbda", lmbda, layout)))
     decay = gamma * lmbda  # in the accumulation dtype: a product of half-precision tensors would be rounded
-    return episodic_prefix_sum(x, done, reset="after_done", discount=decay, time_dim=time_dim,
+    return episodic_prefix_sum(x, done, reset="after_done", discount=decay, time_dim=layout.time_dim,
                                initial_state=initial_state, output_final_state=output_final_state, backend=backend)

@@ -88,7 +88,7 @@ def gae(
     *,
     gamma: float | torch.Tensor,
     lmbda: float | torch.Tensor,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     last_state_value: torch.Tensor | None = None,
@@ -109,7 +109,8 @@ def gae(
         gamma (float or Tensor): discount, a number or a tensor broadcastable to the inputs (e.g. per-step
             ``gamma ** steps_to_next_obs``).
         lmbda (float or Tensor): GAE lambda, likewise.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` advantage :math:`A_T` carried in from the segment that
             follows this one. Defaults to zero.
         output_final_state (bool): also return :math:`A_0` (float32, or float64 for float64 inputs), the state to
@@ -163,8 +164,8 @@ def gae(
     gamma = check_coef("gamma", gamma, layout)
     lmbda = check_coef("lmbda", lmbda, layout)
     terminated = done if terminated is None else terminated
-    adv, vt = new_outputs(layout, 2)
     if layout.empty:
+        adv, vt = new_outputs(layout, 2)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, reward, state_value, next_state_value, gamma, lmbda,
                                   initial_state, last_state_value)) != "triton":
@@ -181,12 +182,14 @@ def gae(
         )
         h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
         adv, vt, ht = from_rows_time(h, layout), from_rows_time(h + v, layout), state_out(ht, layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        adv, vt = new_outputs(layout, 2)
         ht = launch(
             _gae_fwd_kernel, layout,
-            # shifted: nv is the last value as a [*B, 1, *F] view, broadcast along time (stride 0)
+            # shifted: nv is the last value viewed as the inputs' shape, broadcast along time (stride 0)
             inputs={"r": reward, "v": state_value,
-                    "nv": last_state_value.unsqueeze(layout.time_dim) if shifted else next_state_value,
+                    "nv": last_state_value.unsqueeze(layout.time_dim).expand(layout.shape) if shifted
+                    else next_state_value,
                     "d": done, "term": terminated},
             coefs={"gamma": gamma, "lmbda": lmbda},
             outputs={"adv": adv, "vt": vt},

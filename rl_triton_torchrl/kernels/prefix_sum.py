@@ -32,7 +32,7 @@ from ._triton import tl, triton
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
     chunk, empty_state, from_rows_time, launch, load_coef, load_tile, new_outputs, not_flag, row_prologue,
-    rows_state, rows_time, scan_tile, state_out, store_tile, scan_rows,
+    rows_state, rows_time, scan_tile, state_out, store_state, store_tile, scan_rows,
 )
 
 __all__ = ["episodic_prefix_sum"]
@@ -77,7 +77,7 @@ def _prefix_sum_fwd_kernel(
             o_last = tl.zeros([1, 1], dtype=tl.int64) + (T - 1)
             b_f = tl.sum(load_tile(f_ptr, o_o, o_i, o_last, s_f_o, s_f_t, s_f_i, m_r[:, None], ACC), axis=1)
             b_h = tl.where(b_f > 0, 0.0, b_h)  # [BLOCK_R]
-        tl.store(ht_ptr + o_r, b_h, mask=m_r & (c_hi == n_chunks))
+    store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
 def check_reset(reset) -> bool:
@@ -94,7 +94,7 @@ def episodic_prefix_sum(
     *,
     reset: str,
     discount: float | torch.Tensor = 1.0,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -112,7 +112,8 @@ def episodic_prefix_sum(
             step. Required; any other value raises ``ValueError``.
         discount (float or Tensor): decay :math:`\gamma_t` applied to the running sum on entering step t, a number
             in [0, 1] or a tensor broadcastable to ``x``. Defaults to ``1.0`` (plain sums).
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` sum :math:`S_{-1}` carried in from the preceding segment
             (its ``output_final_state``). Defaults to zero.
         output_final_state (bool): also return the state to pass as ``initial_state`` to the next segment:
@@ -135,8 +136,8 @@ def episodic_prefix_sum(
     after_done = check_reset(reset)
     layout = check_inputs(time_dim, {"x": x}, {"boundary": boundary}, {"initial_state": initial_state})
     discount = check_coef("discount", discount, layout)
-    (s,) = new_outputs(layout, 1)
     if layout.empty:
+        (s,) = new_outputs(layout, 1)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, x, discount, initial_state)) != "triton":
         nf = not_flag(boundary, layout)  # [R, T]
@@ -146,7 +147,8 @@ def episodic_prefix_sum(
         if after_done:
             ht = torch.where(nf[:, -1] == 0, 0.0, ht)
         s, ht = from_rows_time(h, layout), state_out(ht, layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        (s,) = new_outputs(layout, 1)
         ht = launch(
             _prefix_sum_fwd_kernel, layout,
             inputs={"x": x, "f": boundary},

@@ -38,12 +38,13 @@ import torch
 
 from ._triton import tl, triton
 from ._utils import (
-    InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values, resolve_backend,
+    DEFAULT_TIME_DIM, InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values,
+    resolve_backend,
 )
 from .scan import (
     chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs,
-    not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_tile,
-    zero_where,
+    not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state,
+    store_tile, zero_where,
 )
 
 __all__ = ["retrace", "retrace_discrete"]
@@ -121,8 +122,8 @@ def _retrace_fwd_kernel(
                       s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
                       s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
         b_q0 = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m_0, ACC)  # [BLOCK_R, BLOCK_T]
-        tl.store(ht_ptr + o_r, edge_column(b_c0, True) * (b_h - edge_column(b_q0, True)),
-                 mask=m_r & (c_hi == n_chunks))
+        b_h = edge_column(b_c0, True) * (b_h - edge_column(b_q0, True))  # [BLOCK_R]
+    store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
 def retrace(
@@ -137,7 +138,7 @@ def retrace(
     gamma: float | torch.Tensor,
     lmbda: float | torch.Tensor = 1.0,
     c_bar: float | torch.Tensor = 1.0,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -161,7 +162,8 @@ def retrace(
         lmbda (float or Tensor): :math:`\lambda` in :math:`[0, 1]`, likewise. Defaults to ``1.0``.
         c_bar (float or Tensor): :math:`\bar c`, the clip of the ratio in the traces (finite, non-negative, no
             upper bound), likewise. Defaults to ``1.0``.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` :math:`u_T = c_T (Q^{ret}_T - Q(s_T, a_T))` at the first
             step of the segment that follows this one. Defaults to zero: the window end bootstraps from
             ``next_expected_q`` like a truncation.
@@ -199,8 +201,8 @@ def retrace(
     lmbda = check_coef("lmbda", lmbda, layout)
     c_bar = check_coef("c_bar", c_bar, layout, high=None)
     terminated = done if terminated is None else terminated
-    q_ret, adv = new_outputs(layout, 2)
     if layout.empty:
+        q_ret, adv = new_outputs(layout, 2)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, q_taken, next_expected_q, reward, ratio, log_ratio, gamma,
                                   lmbda, c_bar, initial_state)) != "triton":
@@ -219,7 +221,8 @@ def retrace(
         h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
         q_ret, adv = from_rows_time(h, layout), from_rows_time(h - q, layout)
         ht = state_out(c[:, 0] * (ht - q[:, 0]), layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        q_ret, adv = new_outputs(layout, 2)
         ht = launch(
             _retrace_fwd_kernel, layout,
             inputs={"r": reward, "q": q_taken, "nq": next_expected_q, "d": done, "term": terminated,
@@ -246,7 +249,7 @@ def retrace_discrete(
     gamma: float | torch.Tensor,
     lmbda: float | torch.Tensor = 1.0,
     c_bar: float | torch.Tensor = 1.0,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -276,7 +279,8 @@ def retrace_discrete(
         behavior_log_prob (Tensor, optional): ``[*B, T]`` its logarithm. Pass exactly one of the two.
         gamma, lmbda, c_bar, initial_state, output_final_state, backend: as in :func:`retrace` (states are
             ``[*B]``).
-        time_dim (int): the time dimension of the ``[*B, T, A]`` inputs (not the last one). Defaults to ``-2``.
+        time_dim (int, optional): the time dimension of the ``[*B, T, A]`` inputs (not the last one). Defaults to
+            ``-2``, also for ``[T, A]`` inputs (actions are last: nothing to mistake).
 
     Returns:
         ``(q_ret, advantage)`` of shape ``[*B, T]`` in the input dtype, plus the final state if asked for.
@@ -294,6 +298,7 @@ def retrace_discrete(
     """
     if (behavior_prob is None) == (behavior_log_prob is None):
         raise InputError("pass exactly one of behavior_prob and behavior_log_prob")
+    time_dim = DEFAULT_TIME_DIM if time_dim is None else time_dim
     layout = check_inputs(
         time_dim, {"pi": pi, "q_values": q_values, "next_pi": next_pi, "next_q_values": next_q_values}, {}
     )

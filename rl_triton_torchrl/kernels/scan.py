@@ -32,11 +32,15 @@ import functools
 import math
 import operator
 import os
+import struct
+import sys
+import types
+import warnings
 from typing import Callable, NamedTuple
 
 import torch
 
-from ._launcher import launcher, replay
+from ._launcher import NO_CONTEXT, current_stream, launcher, replay
 from ._triton import tl, triton
 from ._utils import Layout, check_inputs, is_cached, resolve_backend, rows_strides
 
@@ -73,9 +77,17 @@ LOOKBACK_WINDOW = 32
 # (48 uncapped) 2-7% faster at 16384 x 2048, 65536 x 512 and 65536 x 2048; V-trace at 64 (76) 10-17% faster. The
 # TD(lambda) kernel uses 32 and was slower capped at 40-64. Replace the dict to change it (as LOOKBACK_SEGMENTED).
 REGISTER_CAPS = {"_gae_fwd_kernel": 40, "_vtrace_fwd_kernel": 64}
-# Sequences of 5-8 steps: tiles of 4 steps (two per sequence) in 256 rows on 8 warps were 1.1-1.5x faster than whole
-# 8-step tiles at 16384-65536 rows in the sweep of sweep_configs.md.
-SHORT_T, SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS = 8, 4, 256, 8
+# Sequences of 5-8 steps: whole 8-step tiles in 16 rows on 4 warps (many small programs). H200
+# (sweep_few_rows_odd_t.md), 65536 x 8: GAE 12.9 -> 9.7 µs, V-trace 13.4 -> 11.3 µs against 4-step tiles in 256 rows on
+# 8 warps (the former rule); 4096 x 8: GAE 10.7 -> 5.9 µs.
+SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
+# Few rows of more than WARP_LOCAL_T steps (at most WIDE_MAX_ROWS rows, 256 programs of 4 rows: under two per SM):
+# one row per program in one tile of up to WIDE_MAX_T steps, on WIDE_WARPS warps (4 from WIDE_FEW_WARPS_ROWS rows on),
+# instead of 128-step chunks walked one after another by one warp per row. H200 (sweep_few_rows_odd_t.md), every
+# algorithm swept: 128 x 1024 GAE 18.8 -> 7.4 µs, V-trace 26.9 -> 9.0 µs; 512 x 2048 GAE 34.6 -> 14.0 µs; 1000 x 1024
+# GAE 21.6 -> 13.8 µs (4 warps). V-trace keeps tiles of up to 1024 steps (its registers: 512 x 2048 23 µs, was 50).
+WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
+WIDE_MAX_T_PER_KERNEL = {"_vtrace_fwd_kernel": 1024}
 # Reverse scans of tiles exactly WARP_LOCAL_T steps wide (32 lanes x 4 steps: one warp per row) reverse the tile
 # themselves and scan forward (see scan_tile_enter). For narrower tiles Triton's gather first moves the tile into a
 # layout of its own through shared memory (16-64 steps: more SASS instructions than its reverse scan), and at 4
@@ -180,9 +192,16 @@ def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, L
 
 @triton.jit
 def store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE: tl.constexpr):
-    """End of every scan kernel: the state leaving the sequence, if asked for (by the program of the last chunk)."""
+    """End of every scan kernel: the final state ``b_h`` [BLOCK_R] (the state leaving the sequence, or what a kernel
+    derives from it) of the rows ``m_r``, if asked for, by the program of the last chunk.
+
+    The mask is a bool block on every Triton: a bool block ``&`` a scalar comparison is an int32 mask in Triton
+    3.9's interpreter, which refuses it. (The compiled kernels are the same as with the scalar comparison, sm_90
+    SASS included; a scalar ``if`` around the store instead cost up to 48 more instructions in the look-back mode.)
+    """
     if STORE_FINAL_STATE:
-        tl.store(ht_ptr + o_r, b_h, mask=m_r & (c_hi == n_chunks))
+        m_last = (tl.zeros_like(o_r) + c_hi) == n_chunks  # [BLOCK_R]
+        tl.store(ht_ptr + o_r, b_h, mask=m_r & m_last)
 
 
 @triton.jit
@@ -448,7 +467,9 @@ def _param_names(name: str) -> tuple[str, ...]:
 def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     """Tile sizes, grid and mode of a launch of the kernel ``kernel_name`` over ``layout``.
 
-    One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps; or, for long
+    One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps (sequences of
+    ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
+    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps); or, for long
     float32 sequences in too few rows to fill the GPU that way, one program per chunk of ``LOOKBACK_BLOCK_T``
     steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
     ``LOOKBACK_SEGMENTED``) with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back
@@ -467,8 +488,11 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     block_t = min(max(_pow2(layout.T), 2), MAX_BLOCK_T)
     block_r = max(1, min(_pow2(layout.rows), max(1, TILE_ELEMENTS // block_t)))
     num_warps = 4
-    if SHORT_BLOCK_T < layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
-        block_t, block_r, num_warps = SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS
+    if SHORT_MIN_T <= layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
+        block_r, num_warps = SHORT_BLOCK_R, SHORT_WARPS
+    elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
+        block_t = min(_pow2(layout.T), WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T))
+        block_r, num_warps = 1, (WIDE_WARPS if layout.rows <= WIDE_FEW_WARPS_ROWS else 4)
     cfg = {
         "grid": (_cdiv(layout.rows, block_r),),
         "BLOCK_R": block_r,
@@ -532,9 +556,11 @@ def state_buffers(layout: Layout, initial_state, output_final_state: bool):
 
 
 def _final_state_buffer(layout: Layout) -> torch.Tensor:
-    """The final-state output ``[rows]`` in the accumulation dtype: zeros (NaN with ``POISON_OUTPUTS``)."""
-    return torch.full((layout.rows,), float("nan") if POISON_OUTPUTS else 0.0, dtype=layout.acc_dtype,
-                      device=layout.device)
+    """The final-state output ``[rows]`` in the accumulation dtype, uninitialised (NaN with ``POISON_OUTPUTS``):
+    every kernel writes the state of each of its rows (``store_state``, by the program of the row's last chunk)."""
+    if POISON_OUTPUTS:
+        return torch.full((layout.rows,), float("nan"), dtype=layout.acc_dtype, device=layout.device)
+    return torch.empty((layout.rows,), dtype=layout.acc_dtype, device=layout.device)
 
 
 def flag_constexprs(inputs: dict, constexprs: dict) -> dict:
@@ -563,10 +589,18 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     ``_launcher`` found for them. Plans are built for layouts kept for later calls only (``is_cached``), and never
     while every launch takes the plain path (``_launcher.Launcher.settings``: ``RL_TRITON_TORCHRL_LEAN_LAUNCH=0``,
     the interpreter, launch hooks, ...).
+
+    The kernel runs on the inputs' device: where it is not the current CUDA device, the launch runs under
+    ``torch.cuda.device`` of it (Triton launches on the current device and its current stream).
     """
     constexprs = flag_constexprs(inputs, constexprs)
     lean = launcher(kernel)
     settings = lean.settings()  # None: every launch of the kernel takes the plain path now (no plan either)
+    index = layout.device.index  # None for CPU tensors; the only indexed devices that reach here are CUDA ones
+    if index is not None and index != (torch.cuda.current_device() if settings is None else settings[0]):
+        with torch.cuda.device(layout.device):
+            return launch(kernel, layout, inputs=inputs, outputs=outputs, coefs=coefs, initial_state=initial_state,
+                          output_final_state=output_final_state, finite_a=finite_a, **constexprs)
     key = ptrs = None
     if settings is not None:
         cvals = tuple(coefs.values()) if coefs else ()
@@ -579,8 +613,10 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         if plan is not None:
             try:
                 done, ht = plan.launch(settings[0], layout, ptrs, cvals)
-            except Exception:  # noqa: BLE001 - anything unexpected: the plain way below (which raises if it must)
+            except Exception as e:  # noqa: BLE001 - anything unexpected: the plain way below (which raises if it must)
                 done = False
+                _PLANS.pop(key, None)  # built again after the plain launch (a thread's first launch sets its context)
+                _note_failed_replay(e)
             if done:
                 return ht
     kwargs, slots, numbers = {}, [], []  # slots: the parameters that change from call to call, in _plan_key order
@@ -627,13 +663,34 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         CUT_A=not (finite_a and all_numbers), **cfg, **constexprs,
     )
     lean(grid, num_warps, maxnreg, **kwargs)
-    if key is not None and key not in _PLANS and is_cached(layout):
+    if key is not None and key not in _PLANS and is_cached(layout) and _of_layout(layout, inputs, outputs):
         plan = _LaunchPlan.of(lean, settings, layout, grid, num_warps, maxnreg, kwargs, slots, ptrs, numbers)
         if plan is not False:  # False: no compiled kernel to replay yet (the next call tries again)
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
             _PLANS[key] = plan
     return None if ht is None else ht.reshape(layout.state_shape)
+
+
+_FAILED_REPLAYS = 0
+
+
+def _note_failed_replay(error: Exception) -> None:
+    """A replayed launch raised: the call launched the plain way instead. Said once, as a warning."""
+    global _FAILED_REPLAYS
+    if getattr(error, "code", None) == NO_CONTEXT:  # expected once per thread: the plain launch sets it up
+        return
+    _FAILED_REPLAYS += 1
+    if _FAILED_REPLAYS == 1:
+        warnings.warn(f"rl_triton_torchrl: a replayed launch failed ({error!r}); the call was launched through "
+                      "Triton's launcher instead", RuntimeWarning, stacklevel=4)
+
+
+def _of_layout(layout: Layout, inputs: dict, outputs: dict) -> bool:
+    """Whether every input and output has the layout's shape and device, and every output its dtype and contiguous
+    strides: what a plan's key takes for granted."""
+    return all(x.shape == layout.shape and x.device == layout.device for x in (*inputs.values(), *outputs.values())
+               ) and all(y.dtype == layout.dtype and y.is_contiguous() for y in outputs.values())
 
 
 # Launch plans by _plan_key; None for a structure that is never replayed. Cleared when full (the next call of a
@@ -643,18 +700,38 @@ _MAX_PLANS = 256
 _FLOAT32_TINY = 2.0**-126  # the smallest normal float32
 _DATA_PTR = torch.Tensor.data_ptr
 _STRIDE = torch.Tensor.stride
-_SHAPE = operator.attrgetter("shape")
-_POINTER_FACTS = operator.attrgetter("dtype", "is_cuda")
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+_DTYPE = operator.attrgetter("dtype")
 _VIEW_FACTS = operator.attrgetter("shape", "dtype", "device")
 
 
+# What ``launch_config`` reads besides the layout: tests and sweeps assign these (``benchmarks/sweep_configs.py``
+# replaces the function itself). Assigning any of them as an attribute of this module (``scan.MAX_BLOCK_T = 16``,
+# ``monkeypatch.setattr``) moves ``_CONFIG_EPOCH`` on (``_ScanModule``), which every plan key holds: a plan is never
+# replayed under other constants. (The dicts and sets among them are replaced to change them, never mutated.)
+_CONFIG_NAMES = frozenset({
+    "launch_config", "MAX_BLOCK_T", "TILE_ELEMENTS", "LOOKBACK_MIN_T", "LOOKBACK_MAX_ROWS", "LOOKBACK_BLOCK_T",
+    "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
+    "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS", "WIDE_MAX_ROWS", "WIDE_MAX_T",
+    "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL"})
+_CONFIG_EPOCH = 0
+
+
+class _ScanModule(types.ModuleType):
+    """This module's type: assigning a launch constant (``_CONFIG_NAMES``) moves ``_CONFIG_EPOCH`` on."""
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name in _CONFIG_NAMES:
+            super().__setattr__("_CONFIG_EPOCH", self._CONFIG_EPOCH + 1)
+
+
+sys.modules[__name__].__class__ = _ScanModule
+
+
 def _config_key() -> tuple:
-    """``launch_config`` and what it reads besides the layout (tests and sweeps change these constants, and
-    ``benchmarks/sweep_configs.py`` replaces the function itself)."""
-    return (launch_config, MAX_BLOCK_T, TILE_ELEMENTS, LOOKBACK_MIN_T, LOOKBACK_MAX_ROWS, LOOKBACK_BLOCK_T,
-            LOOKBACK_WARPS, LOOKBACK_SEGMENT_T, LOOKBACK_SEGMENTS, id(LOOKBACK_SEGMENTED), id(REGISTER_CAPS),
-            LOOKBACK_WINDOW, SHORT_T, SHORT_BLOCK_T, SHORT_BLOCK_R, SHORT_WARPS,
-            torch.are_deterministic_algorithms_enabled())
+    """The launch constants' epoch (``_ScanModule``) and the deterministic mode, which ``launch_config`` reads."""
+    return _CONFIG_EPOCH, torch.are_deterministic_algorithms_enabled()
 
 
 def _plan_key(settings: tuple, kernel, layout: Layout, inputs: dict, outputs: dict, coefs: dict | None,
@@ -663,13 +740,15 @@ def _plan_key(settings: tuple, kernel, layout: Layout, inputs: dict, outputs: di
 
     The key holds everything ``launch`` computes the kernel's arguments from, except the tensors' data and the
     float coefficients' values: the launcher's settings (current device included), the kernel and the layout (by
-    id: a plan keeps both alive), the names of the inputs, outputs and coefficients, each coefficient's type, the
-    shape and strides of each input, the dtype and whether on CUDA of each tensor (the outputs too), the shape,
-    strides, dtype and device of each tensor coefficient and of ``initial_state`` (moved or copied where they
-    differ), which pointers are not 16-byte aligned (their low four bits), the flags and constexprs, and
-    ``launch_config``'s constants. The tensors, in the order of the pointers: the inputs, the outputs, the tensor
-    coefficients, ``initial_state``. A coefficient neither a float nor a tensor (an int, which Triton would
-    specialize on its value; a numpy scalar) is never planned.
+    id: a plan keeps both alive), the names of the inputs, outputs and coefficients, each coefficient's type, which
+    inputs are contiguous (and all their strides unless every one is), the dtype of each input, the shape, strides,
+    dtype and device of each tensor coefficient and of ``initial_state`` (moved or copied where they differ), which
+    pointers are not 16-byte aligned (their low four bits), the flags and constexprs, and ``launch_config``'s
+    constants (``_config_key``). The inputs' shapes and devices are ``layout``'s, and the outputs are contiguous
+    tensors of its shape, dtype and device (``new_outputs``): ``launch``'s callers check and allocate them
+    (``check_inputs``), and a plan is built only where that holds (``_of_layout``). The tensors, in the order of the pointers: the
+    inputs, the outputs, the tensor coefficients, ``initial_state``. A coefficient neither a float nor a tensor (an
+    int, which Triton would specialize on its value; a numpy scalar) is never planned.
     """
     xs, ctypes = tuple(inputs.values()), tuple(map(type, cvals))
     others = ()  # the tensor coefficients and the initial state: rare, keyed in full
@@ -679,8 +758,9 @@ def _plan_key(settings: tuple, kernel, layout: Layout, inputs: dict, outputs: di
     try:
         ptrs = tuple(map(_DATA_PTR, tensors))
         low_bits = any(map((15).__and__, ptrs)) and tuple(map((15).__and__, ptrs))
+        dense = tuple(map(_IS_CONTIGUOUS, xs))
         key = (settings, id(kernel), id(layout), tuple(inputs), tuple(outputs), tuple(coefs or ()), ctypes,
-               tuple(map(_SHAPE, xs)), tuple(map(_STRIDE, xs)), tuple(map(_POINTER_FACTS, tensors)),
+               dense if all(dense) else tuple(map(_STRIDE, xs)), tuple(map(_DTYPE, (*xs, *others))),
                others and (tuple(map(_VIEW_FACTS, others)), tuple(map(_STRIDE, others))), low_bits,
                initial_state is None, output_final_state, finite_a, tuple(constexprs.items()), _config_key())
     except (TypeError, AttributeError, RuntimeError):  # not a tensor, or a tensor without data (torch.compile's)
@@ -710,6 +790,7 @@ class _LaunchPlan(NamedTuple):
     numbers_as_tensors: bool  # float64 inputs: each float coefficient passed as a float64 tensor
     final_state: bool
     lookback: int | None  # size of the look-back status buffer (None: no look-back)
+    native: object  # the launch through the driver itself (``_launcher.PreparedLaunch``), or None: ``replay``
 
     @classmethod
     def of(cls, lean, settings: tuple, layout: Layout, grid, num_warps: int, maxnreg, kwargs: dict, slots: list,
@@ -729,18 +810,27 @@ class _LaunchPlan(NamedTuple):
         order = [index.get(name, len(slots) + j) for j, name in enumerate(names)]
         fixed = tuple(None if isinstance(kwargs[name], torch.Tensor) else kwargs[name] for name in names)
         lb = kwargs["lb_ptr"]
+        prepared = None
+        if compiled.native is not None:
+            try:
+                prepared = compiled.native.prepare(grid, slots, dict(zip(names, fixed)))
+            except (KeyError, TypeError, ValueError, struct.error):  # e.g. a slot Triton made a constant: replay
+                prepared = None
         return cls(layout, lean, compiled, tuple(grid), fixed, operator.itemgetter(*order),
                    tuple(i for i, _ in numbers), any(as_tensor for _, as_tensor in numbers),
-                   kwargs["ht_ptr"] is not None, None if lb is None else lb.numel())
+                   kwargs["ht_ptr"] is not None, None if lb is None else lb.numel(), prepared)
 
     def launch(self, device: int, layout: Layout, ptrs: tuple, cvals: tuple) -> tuple[bool, torch.Tensor | None]:
         """Replays the launch with these pointers and coefficients: (launched, the final state or None). Not
         launched where a buffer allocated here is misaligned (the caller then launches the plain way)."""
-        numbers = [cvals[i] for i in self.numbers]
         if not (self.numbers_as_tensors or self.final_state or self.lookback):  # the common call: no buffers
-            numbers = [0.0 if abs(c) < _FLOAT32_TINY else c for c in numbers]
-            replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *self.fixed)))
+            numbers = [c if abs(c) >= _FLOAT32_TINY else 0.0 for c in map(cvals.__getitem__, self.numbers)]
+            if self.native is not None:
+                self.native.launch(current_stream(device), *ptrs, *numbers)
+            else:
+                replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *self.fixed)))
             return True, None
+        numbers = [cvals[i] for i in self.numbers]
         keep = []  # the buffers allocated here, alive until launched
         if self.numbers_as_tensors:
             keep += [torch.full((), c, dtype=torch.float64, device=layout.device) for c in numbers]
@@ -755,7 +845,10 @@ class _LaunchPlan(NamedTuple):
         buffers = tuple(map(_DATA_PTR, keep))
         if any(map((15).__and__, buffers)):
             return False, None
-        replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *buffers, *self.fixed)))
+        if self.native is not None:
+            self.native.launch(current_stream(device), *ptrs, *numbers, *buffers)
+        else:
+            replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *buffers, *self.fixed)))
         return True, (None if ht is None else ht.reshape(layout.state_shape))
 
 
@@ -961,7 +1054,7 @@ def linear_scan(
     b: torch.Tensor,
     *,
     reverse: bool = False,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -974,7 +1067,8 @@ def linear_scan(
 
     Keyword Args:
         reverse (bool): scan from the last step to the first (``h_t`` depends on ``h_(t+1)``). Defaults to ``False``.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` state entering the sequence (``h_(-1)``, or ``h_T`` when
             ``reverse``). Defaults to zero.
         output_final_state (bool): also return the state leaving the sequence (``h_(T-1)``, or ``h_0`` when

@@ -99,8 +99,8 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
     lmbda = check_coef("lmbda", lmbda, layout)
     terminated = done if terminated is None else terminated
     done = terminated if done is None else done
-    (out,) = new_outputs(layout, 1)
     if layout.empty:
+        (out,) = new_outputs(layout, 1)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, reward, next_state_value, state_value, gamma,
                                   lmbda, initial_state)) != "triton":
@@ -121,7 +121,8 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
         if state_value is not None:
             h = h - rows_time(state_value, layout)
         out, ht = from_rows_time(h, layout), state_out(ht, layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        (out,) = new_outputs(layout, 1)
         inputs = {"r": reward, "nv": next_state_value, "v": state_value, "d": done, "term": terminated}
         ht = launch(
             _td_lambda_fwd_kernel, layout,
@@ -146,7 +147,8 @@ _COMMON_ARGS = r"""
     Keyword Args:
         gamma (float or Tensor): discount, a number or a tensor broadcastable to the inputs.
         lmbda (float or Tensor): lambda, likewise (0 gives TD(0), 1 gives TD(1)).
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` return :math:`G_T` carried in from the following segment.
             Without it the window end bootstraps from ``next_state_value`` like a truncation.
         output_final_state (bool): also return :math:`G_0` (float32, or float64 for float64 inputs), the state to
@@ -158,7 +160,7 @@ _COMMON_ARGS = r"""
 
 
 def td_lambda_return(
-    reward, next_state_value, done, terminated=None, *, gamma, lmbda, time_dim=-2, initial_state=None,
+    reward, next_state_value, done, terminated=None, *, gamma, lmbda, time_dim=None, initial_state=None,
     output_final_state=False, done_or_terminated=False, backend="auto",
 ):
     r"""TD(:math:`\lambda`) returns :math:`G_t`.
@@ -187,7 +189,7 @@ def td_lambda_return(
 
 
 def td_lambda_advantage(
-    reward, state_value, next_state_value, done, terminated=None, *, gamma, lmbda, time_dim=-2, initial_state=None,
+    reward, state_value, next_state_value, done, terminated=None, *, gamma, lmbda, time_dim=None, initial_state=None,
     output_final_state=False, done_or_terminated=False, backend="auto",
 ):
     r"""TD(:math:`\lambda`) advantages :math:`G_t - V_t`, the subtraction fused into the scan.
@@ -210,7 +212,7 @@ def td_lambda_advantage(
 
 
 def discounted_return(
-    reward, done, *, gamma, next_state_value=None, terminated=None, time_dim=-2, initial_state=None,
+    reward, done, *, gamma, next_state_value=None, terminated=None, time_dim=None, initial_state=None,
     output_final_state=False, backend="auto",
 ):
     r"""Discounted reward-to-go within episodes, :math:`G_t = r_t + \gamma_t (1 - \mathrm{done}_t) G_{t+1}`.
@@ -226,7 +228,8 @@ def discounted_return(
             Defaults to no bootstrap.
         terminated (Tensor, optional): ``[*B, T, *F]`` bool; with ``next_state_value``, the steps that do not
             bootstrap. Defaults to ``done``.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` return carried in from the following segment.
         output_final_state (bool): also return :math:`G_0`. Defaults to ``False``.
         backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.

@@ -145,7 +145,7 @@ def vtrace(
     gamma: float | torch.Tensor,
     rho_thresh: float | torch.Tensor = 1.0,
     c_thresh: float | torch.Tensor = 1.0,
-    time_dim: int = -2,
+    time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
@@ -169,7 +169,8 @@ def vtrace(
         rho_thresh (float or Tensor): :math:`\bar\rho`, the clip of the weights of the TD errors (finite,
             non-negative, no upper bound), a number or a broadcastable tensor. Defaults to ``1.0``.
         c_thresh (float or Tensor): :math:`\bar c`, the clip of the trace weights, likewise. Defaults to ``1.0``.
-        time_dim (int): the time dimension. Defaults to ``-2``.
+        time_dim (int, optional): the time dimension. Defaults to ``-2`` (TorchRL's ``[*B, T, 1]``), except
+            that 2-D inputs must name it (they raise without it): ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``.
         initial_state (Tensor, optional): ``[*B, *F]`` :math:`h_T = v_s - V` at the first step of the segment
             that follows this one (its :math:`V` being this segment's last ``next_state_value``). Defaults to
             zero: the window end bootstraps from ``next_state_value`` like a truncation.
@@ -202,8 +203,8 @@ def vtrace(
     rho_thresh = check_coef("rho_thresh", rho_thresh, layout, high=None)
     c_thresh = check_coef("c_thresh", c_thresh, layout, high=None)
     terminated = done if terminated is None else terminated
-    adv, vs = new_outputs(layout, 2)
     if layout.empty:
+        adv, vs = new_outputs(layout, 2)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, log_pi, log_mu, state_value, next_state_value, reward,
                                   gamma, rho_thresh, c_thresh, initial_state)) != "triton":
@@ -221,7 +222,8 @@ def vtrace(
         vs1 = torch.where(rows_time(done, layout), nv, h1 + v1)
         _, b_adv = vtrace_coefficients(r, v, vs1, nd, nterm, g, rho, rho)
         adv, vs, ht = from_rows_time(b_adv, layout), from_rows_time(h + v, layout), state_out(ht, layout)
-    else:
+    else:  # the outputs are allocated here, on the path that writes them
+        adv, vs = new_outputs(layout, 2)
         ht = launch(
             _vtrace_fwd_kernel, layout,
             inputs={"lpi": log_pi, "lmu": log_mu, "r": reward, "v": state_value, "nv": next_state_value, "d": done,

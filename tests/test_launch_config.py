@@ -1,0 +1,89 @@
+"""Launch configurations chosen by shape (``scan.launch_config``) and the kernels in each against float64.
+
+The rules come from H200 sweeps (benchmarks/results/h200/sweep_few_rows_odd_t.md): few rows of medium length run one
+row per program in one wide tile; sequences of 5-8 steps run in small whole-sequence tiles.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from _algos import TABLE
+from rl_triton_torchrl.kernels import scan
+from test_launch_modes import _compare, _layout
+
+pytestmark = [pytest.mark.triton,
+              pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="needs a CUDA device or Triton's interpreter")]
+
+
+@pytest.mark.parametrize("shape,block_t,warps", [
+    ((128, 1024, 1), 1024, 8), ((512, 2048, 1), 2048, 8), ((1000, 1000, 1), 1024, 4), ((16, 3000, 1), 2048, 8),
+    ((64, 129, 1), 256, 8)])
+def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps):
+    cfg = scan.launch_config(_layout(shape), "_gae_fwd_kernel")
+    assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"], cfg["LOOKBACK"]) == (1, block_t, warps, 0)
+    assert cfg["grid"] == (shape[0],)
+    assert "maxnreg" not in cfg  # register caps are for the 128-step row tiles
+    assert scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")["BLOCK_T"] == min(block_t, 1024)
+
+
+@pytest.mark.parametrize("shape", [(1025, 1024, 1), (4096, 512, 1), (128, 128, 1), (128, 64, 1)])
+def test_many_rows_or_short_rows_keep_row_tiles(shape):
+    cfg = scan.launch_config(_layout(shape), "_gae_fwd_kernel")
+    assert cfg["BLOCK_T"] <= scan.MAX_BLOCK_T and cfg["BLOCK_R"] > 1
+
+
+@pytest.mark.parametrize("T", [5, 7, 8])
+def test_short_sequences_in_small_tiles(T):
+    cfg = scan.launch_config(_layout((4096, T, 1)))
+    assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"]) == (scan.SHORT_BLOCK_R, 8, scan.SHORT_WARPS)
+    # too few rows for a tile of them: the plain rule
+    assert scan.launch_config(_layout((3, T, 1)))["BLOCK_R"] == 4
+
+
+@pytest.mark.parametrize("shape", [(3, 150, 1), (2, 64, 3), (5, 97, 1)], ids=["B3-T150", "B2-T64-F3", "B5-T97"])
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_wide_tiles_with_chunks_match_reference(algo, shape, monkeypatch):
+    """Wide tiles that do not cover the row (chunks of 32 steps walked in turn, the last one partial), small enough
+    for the interpreter: every algorithm against its float64 reference, with carried states."""
+    monkeypatch.setattr(scan, "MAX_BLOCK_T", 16)
+    monkeypatch.setattr(scan, "WIDE_MAX_T", 32)
+    monkeypatch.setattr(scan, "WIDE_MAX_T_PER_KERNEL", {})
+    cfg = scan.launch_config(_layout(shape))
+    assert (cfg["BLOCK_R"], cfg["BLOCK_T"]) == (1, 32)
+    _compare(algo, shape, "random", seed=11, with_state=True)
+
+
+@pytest.mark.parametrize("pattern", ["none", "all", "trunc_last"])
+@pytest.mark.parametrize("algo", ["gae", "vtrace", "traces", "sum_at_start"])
+def test_wide_whole_row_tiles_match_reference(algo, pattern):
+    """One wide tile per row at the default constants (T = 200: a 256-step tile, partly masked)."""
+    assert scan.launch_config(_layout((3, 200, 1)))["BLOCK_T"] == 256
+    _compare(algo, (3, 200, 1), pattern, seed=2, with_state=True)
+
+
+@pytest.mark.parametrize("shape", [(300, 7, 1), (17, 5, 2)], ids=["B300-T7", "B17-T5-F2"])
+@pytest.mark.parametrize("algo", ["gae", "vtrace", "retrace", "traces", "sum_after_done"])
+def test_short_tiles_match_reference(algo, shape):
+    _compare(algo, shape, "random", seed=4, with_state=True)
+
+
+def test_assigning_a_launch_constant_moves_the_config_epoch(monkeypatch):
+    """Plan keys hold ``scan._CONFIG_EPOCH``: any assignment of a launch constant changes it, others do not."""
+    before = scan._config_key()
+    monkeypatch.setattr(scan, "POISON_OUTPUTS", not scan.POISON_OUTPUTS)  # not a launch constant
+    assert scan._config_key() == before
+    for name in sorted(scan._CONFIG_NAMES):
+        epoch = scan._CONFIG_EPOCH
+        monkeypatch.setattr(scan, name, getattr(scan, name))
+        assert scan._CONFIG_EPOCH == epoch + 1, name
+    assert scan._config_key() != before
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert scan._config_key()[1] is True
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(hasattr(scan, name) for name in scan._CONFIG_NAMES)
