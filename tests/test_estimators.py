@@ -73,9 +73,11 @@ def pair(name, **kwargs):
 
 
 def compare(td_ours, td_theirs, keys=("advantage", "value_target")):
+    """Every one of ``keys`` is in both outputs and equal to rounding; a key missing on either side fails."""
     for key in keys:
-        if key in td_theirs.keys():
-            assert_close(key, td_ours[key], td_theirs[key])
+        assert key in td_theirs.keys(True), f"TorchRL's output has no {key!r} entry"
+        assert key in td_ours.keys(True), f"our output has no {key!r} entry (TorchRL's has)"
+        assert_close(key, td_ours[key], td_theirs[key])
 
 
 @pytest.mark.parametrize("name", list(CLASSES))
@@ -129,21 +131,57 @@ def test_set_keys(name, backend):
     compare(ours(td.clone()), theirs(td.clone()), ("adv", "vt"))
 
 
-def test_truncated_key_completes_done(backend):
-    """A rollout without ("next", "done") but with terminated and truncated: done = terminated | truncated."""
-    ours, theirs = pair("GAE", value_network=None)
+def _snapshot(td):
+    """Every leaf of ``td``, by key: the tensor object and a copy of its values."""
+    return {k: (v, v.clone()) for k, v in td.items(include_nested=True, leaves_only=True)}
+
+
+def assert_unchanged_but(td, before, written):
+    """``td`` holds exactly the entries of ``before`` plus ``written`` (the outputs TorchRL writes), and every entry
+    of ``before`` is the same tensor with the same values."""
+    keys = set(td.keys(include_nested=True, leaves_only=True))
+    assert keys == set(before) | set(written), f"entries added or removed: {keys ^ (set(before) | set(written))}"
+    for key, (tensor, values) in before.items():
+        assert td.get(key) is tensor, f"{key!r} was replaced"
+        assert torch.equal(tensor, values), f"{key!r} was written in place"
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "torchrl-forward"])
+@pytest.mark.parametrize("missing", ["done", "terminated"])
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_truncated_key_completes_flags(name, missing, direct, backend):
+    """A rollout without ("next", "done") (or without terminated) but with truncated: done = terminated | truncated
+    (terminated = done & ~truncated), as TorchRL computes on the full rollout; the input gets the outputs TorchRL
+    writes and nothing else (no completed flag), on the direct path and through TorchRL's forward."""
+    ours, theirs = pair(name, value_network=None)
+    ours.direct_path = direct
     ours.set_keys(truncated="trunc")
-    td = rollout()
-    td["next", "trunc"] = td["next", "truncated"]
-    full = td.clone()
-    del td["next", "done"]
-    out = ours(td)
-    assert torch.equal(out["next", "done"], full["next", "done"])
-    compare(out, theirs(full))
-    # and without terminated: terminated = done & ~truncated
+    full = rollout()
+    full["next", "trunc"] = full["next", "truncated"]
     td = full.clone()
-    del td["next", "terminated"]
-    compare(ours(td), theirs(full.clone()))
+    del td["next", missing]
+    before = _snapshot(td)
+    out = ours(td)
+    assert out is td
+    assert_unchanged_but(td, before, ["advantage", "value_target"])
+    compare(out, theirs(full.clone()))
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_value_network_call_writes_what_torchrl_writes(name):
+    """With a value network and a completed flag (TorchRL's forward on a shallow copy): the same entries as
+    TorchRL's class writes on the full rollout, except the completed flag."""
+    net = value_net()
+    ours, theirs = pair(name, value_network=net)
+    full = rollout(with_values=False)
+    td = full.clone()
+    del td["next", "done"]
+    before = _snapshot(td)
+    out_t = theirs(full.clone())
+    written = set(out_t.keys(True, True)) - set(full.keys(True, True))
+    ours(td)
+    assert_unchanged_but(td, before, written)
+    compare(td, out_t, sorted(written, key=str))
 
 
 @pytest.mark.parametrize("name", list(CLASSES))
@@ -213,14 +251,15 @@ def test_ours_actually_runs(name, monkeypatch):
     theirs(td.clone())  # TorchRL's class is untouched
 
 
-def test_vectorized_flag_has_no_effect(backend):
+@pytest.mark.parametrize("vectorized", [False, True])
+@pytest.mark.parametrize("name", ["GAE", "TDLambdaEstimator"])
+def test_vectorized_flag(name, vectorized, backend):
+    """Either value of ``vectorized`` gives TorchRL's class's result with that value (ours are exact both ways;
+    TorchRL's vectorised series is cut at 1e-7, within the float32 tolerance)."""
     td = rollout()
-    ours, theirs = pair("GAE", value_network=None)
-    ours.vectorized = False
-    a = ours(td.clone())["advantage"]
-    ours.vectorized = True
-    b = ours(td.clone())["advantage"]
-    assert torch.equal(a, b)
+    ours, theirs = pair(name, value_network=None)
+    ours.vectorized = theirs.vectorized = vectorized
+    compare(ours(td.clone()), theirs(td.clone()))
 
 
 def test_patch_unpatch():
