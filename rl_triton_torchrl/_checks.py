@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 import torch
 
 from .kernels import InputError
 
-__all__ = ["check_coefficient", "keyed_error"]
+__all__ = ["Described", "check_coefficient", "keyed_error"]
+
+
+class Described(str):
+    """An argument's source that is not one entry (e.g. a difference of two), shown in words by ``keyed_error``."""
 
 
 def check_coefficient(owner: str, name: str, value, low: float = 0.0, high: float | None = 1.0) -> None:
@@ -42,18 +47,21 @@ def check_coefficient(owner: str, name: str, value, low: float = 0.0, high: floa
 
 def keyed_error(owner: str, err: BaseException, keys: dict) -> BaseException | None:
     """``err`` (an ``InputError`` or ``TypeError`` of a kernel or functional, whose message starts with the
-    argument's name) again, of the same type, its message prefixed by ``owner`` and the tensordict entry that holds
-    that argument: ``GAE: ('next', 'done'): done must be a bool tensor ...``.
+    argument's name) again, of the same type, its message prefixed by ``owner`` and the tensordict entries that hold
+    the arguments it names: ``GAE: ('next', 'done'): done must be a bool tensor ...``, ``GAE: 'state_value' and
+    ('next', 'reward'): state_value has dtype torch.float32 but reward has torch.float64 ...``.
 
-    ``keys`` maps argument names to entries. None when the message names no argument of ``keys`` (or was prefixed
-    already): the caller re-raises ``err`` as it is.
+    ``keys`` maps argument names to entries (keys; a ``Described`` string is shown as it is). None when the message does not start with an argument of ``keys`` (or
+    was prefixed already): the caller re-raises ``err`` as it is.
     """
     message = str(err)
-    name = message.split(" ", 1)[0]
-    if name not in keys or getattr(err, "_rl_triton_keyed", False):
+    if message.split(" ", 1)[0] not in keys or getattr(err, "_rl_triton_keyed", False):
         return None
+    named = sorted((m.start(), name) for name in keys if (m := re.search(rf"\b{re.escape(name)}\b", message)))
+    entries = " and ".join(keys[name] if isinstance(keys[name], Described) else repr(keys[name])
+                           for _, name in named)
     try:
-        new = type(err)(f"{owner}: {keys[name]!r}: {message}")
+        new = type(err)(f"{owner}: {entries}: {message}")
     except Exception:  # noqa: BLE001 - an exception type with another constructor: keep the original
         return None
     new._rl_triton_keyed = True

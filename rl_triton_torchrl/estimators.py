@@ -47,7 +47,7 @@ from torchrl.objectives.value import advantages as _trl
 from torchrl.objectives.value import functional as _trl_functional
 
 from . import functional
-from ._checks import check_coefficient, keyed_error
+from ._checks import Described, check_coefficient, keyed_error
 from .kernels import InputError
 
 __all__ = [
@@ -210,13 +210,12 @@ class _OurMath:
     def _keyed_error(self, err):
         """``err`` naming the tensordict entry of the functional argument it is about (``_checks.keyed_error``)."""
         keys = self.tensor_keys
-        names = {"reward": ("next", keys.reward), "done": ("next", keys.done),
-                 "terminated": ("next", keys.terminated), "state_value": keys.value,
-                 "next_state_value": ("next", keys.value)}
+        names = {"reward": _entry(keys.reward, True), "done": _entry(keys.done, True),
+                 "terminated": _entry(keys.terminated, True), "state_value": _entry(keys.value, False),
+                 "next_state_value": _entry(keys.value, True)}
         if hasattr(keys, "sample_log_prob"):
-            names["log_mu"] = keys.sample_log_prob
-            names["log_pi"] = f"the log-probability of the actor_network under {keys.sample_log_prob!r}"
-        names = {k: (v if isinstance(v, str) and k == "log_pi" else _show_key(v)) for k, v in names.items()}
+            names["log_mu"] = _entry(keys.sample_log_prob, False)
+            names["log_pi"] = Described(f"the actor_network's log-probability ({keys.sample_log_prob!r})")
         return keyed_error(type(self).__name__, err, names)
 
     # -- the direct path ------------------------------------------------------------------------------------------
@@ -388,9 +387,10 @@ def _entries(key, under_next: bool) -> list:
     return [unravel_key(("next", k) if under_next else k) for k in (key if isinstance(key, list) else [key])]
 
 
-def _show_key(key):
-    """A key as it is read: unravelled, a list of keys as a list."""
-    return [unravel_key(k) for k in key] if isinstance(key, list) else unravel_key(key)
+def _entry(key, under_next: bool):
+    """The entry (or, for a list of keys, the list of entries) a key field names, as ``_entries``."""
+    entries = _entries(key, under_next)
+    return entries if isinstance(key, list) else entries[0]
 
 
 def _copy_back(source: TensorDictBase, target: TensorDictBase, skip) -> None:

@@ -41,7 +41,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, composite_lp_aggregate
 from tensordict.utils import NestedKey, unravel_key
 
-from ._checks import check_coefficient, keyed_error
+from ._checks import Described, check_coefficient, keyed_error
 from .kernels import InputError, eligibility_traces, episodic_prefix_sum, retrace, retrace_discrete
 from .kernels.prefix_sum import check_reset
 
@@ -389,7 +389,8 @@ class Retrace(_KeyedRolloutModule):
     def _argument_keys(self) -> dict:
         k = self.tensor_keys
         return {"q_taken": k.state_action_value, "next_expected_q": _next(k.expected_state_value),
-                "log_ratio": f"{k.target_log_prob!r} minus {k.sample_log_prob!r} (or the log of {k.sample_prob!r})",
+                "log_ratio": Described(f"{k.target_log_prob!r} minus {k.sample_log_prob!r} (or the log of "
+                                       f"{k.sample_prob!r})"),
                 "pi": k.target_probs, "next_pi": _next(k.target_probs), "q_values": k.action_value,
                 "next_q_values": _next(k.action_value), "action": k.action, "behavior_prob": k.sample_prob,
                 "behavior_log_prob": k.sample_log_prob, "reward": _next(k.reward), "done": _next(k.done),
@@ -661,7 +662,8 @@ class EpisodicPrefixSum(_RolloutModule):
         time_dim = self._resolve_time_dim(tensordict)
         states = self._initial_states([x.shape for x, _ in inputs], time_dim)
         outputs, final_states = [], []
-        for ((x, out_key), initial_state), in_key in zip(zip(inputs, states), [*self.in_keys[:-1], "the lengths"]):
+        for ((x, out_key), initial_state), in_key in zip(zip(inputs, states),
+                                                         [*self.in_keys[:-1], Described("the lengths")]):
             self._summed_key = in_key
             out = episodic_prefix_sum(x, self._fit(self.boundary_key, boundary, x.shape), reset=self.reset,
                                       time_dim=time_dim, initial_state=initial_state,
