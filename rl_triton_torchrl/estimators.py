@@ -2,33 +2,55 @@
 
 Each class here subclasses TorchRL 0.14's class of the same name and inherits everything around the math:
 constructor arguments and defaults, buffers (``gamma``, ``lmbda``, ...; state_dicts load both ways), keys and
-``set_keys``, value-network calls (vmap, ``shifted``, chunking, functional params), ``time_dim`` resolution,
-``skip_existing``, ``average_gae``/``average_rewards``, ``differentiable``, ``steps_to_next_obs``,
-``auto_reset_env``, NaN next-observations and ``MultiAgentGAE``'s agent broadcasting. Only the functional calls
-change: TorchRL's own ``forward``/``value_estimate`` are re-bound (``_rebind``) so that the names they look up in
-``torchrl.objectives.value.advantages`` resolve to ``rl_triton_torchrl.functional``. Nothing is copied from TorchRL
-and nothing global is modified.
+``set_keys`` (lists of keys too, e.g. a composite distribution's ``sample_log_prob``), value-network calls (vmap,
+``shifted``, chunking, functional params), ``time_dim`` resolution, ``skip_existing``,
+``average_gae``/``average_rewards``, ``differentiable``, ``steps_to_next_obs``, ``auto_reset_env``, NaN
+next-observations and ``MultiAgentGAE``'s agent broadcasting. The functional calls change: TorchRL's own
+``forward``/``value_estimate`` are re-bound (``_rebind``: the same code objects with a copy of their module globals)
+so that the names they look up in ``torchrl.objectives.value.advantages`` resolve to ``rl_triton_torchrl.functional``.
+No TorchRL module is modified by importing this one (``patch_torchrl()`` does that, on request).
+
+The coupling is checked at import (``check_rebound``): every re-bound method, its decorators' closures and nested
+code included, must reach TorchRL's functionals only through global look-ups that now resolve to ours, and each class
+must still call the functionals it is expected to (``EXPECTED_FUNCTIONALS``). A TorchRL release that calls a
+functional another way (an attribute, a local import, a helper that is not re-bound) makes the import fail with
+``TorchRLCouplingError`` (an ``ImportError``) naming the class, the method and the functional, instead of silently
+computing TorchRL's math.
 
 ``vectorized`` is accepted and has no effect: TorchRL's loop and vectorised functionals both map to our exact
 kernels. With ``differentiable=True`` and a value network whose outputs require grad, gradients flow through the
 estimate: the coefficients are built with torch ops and the scan runs forward and backward on the Triton scan kernel
-(``kernels.scan.scan_rows``).
+(``kernels.scan.scan_rows``). TD(0) is elementwise (``functional.td0_return_estimate``): any shape, 0-d included.
 
-The direct path: a call ``est(td)`` of ``GAE``, ``MultiAgentGAE``, ``TDLambdaEstimator``, ``TD1Estimator`` or
-``TD0Estimator`` (the class itself, not a subclass) on a ``TensorDict`` that carries its values (no value network),
-outside torch.compile tracing, without ``auto_reset_env``/``average_rewards``, keyword arguments or a
-``"shifted_valid"`` entry, skips TorchRL's forward machinery (``dispatch``, ``skip_existing``, value-network
-handling, ``shifted`` masks, our key check) and does only what that forward does for such a call: read the entries,
-move the coefficient buffers to the reward's device, apply ``steps_to_next_obs``, call the same functional with the
-same arguments under the same grad mode, write advantage and value target. Same numbers bit for bit, same entries
-written, same errors (a missing entry sends the call to TorchRL's forward, which raises as before). Every other call
-runs TorchRL's re-bound forward; ``est.direct_path = False`` forces that for every call (for comparisons).
-``VTrace`` always runs TorchRL's forward (it evaluates its actor network on every call).
+The direct path re-implements part of TorchRL's ``forward``, and is therefore enabled only on the TorchRL versions it
+was verified against (``DIRECT_PATH_VERSIONS``: 0.14.1; ``torchrl.__version__`` is read at every call); on any other
+version every call runs TorchRL's re-bound forward. There, a call ``est(td)`` of ``GAE``, ``MultiAgentGAE``,
+``TDLambdaEstimator``, ``TD1Estimator`` or ``TD0Estimator`` (the class itself, not a subclass) on a ``TensorDict``
+that carries its values (no value network), outside torch.compile tracing, without
+``auto_reset_env``/``average_rewards``, keyword arguments, list-valued keys or a ``"shifted_valid"`` entry, skips
+TorchRL's forward machinery (``dispatch``, ``skip_existing``, value-network handling, ``shifted`` masks, our key
+check) and does what TorchRL 0.14.1's forward does for such a call, written here again: read the entries (through
+tensordict's private ``_get_tuple``), move the coefficient buffers to the reward's device, apply
+``steps_to_next_obs``, call the same functional with the same arguments under the same grad mode (GAE's
+``_normalize_advantage`` and ``_group_ids`` for ``average_gae``), write advantage and value target. Same numbers bit
+for bit, same entries written, same errors (a missing entry sends the call to TorchRL's forward, which raises as
+before). Every other call runs TorchRL's re-bound forward; ``est.direct_path = False`` forces that for every call
+(for comparisons). ``VTrace`` always runs TorchRL's forward (it evaluates its actor network on every call).
 ``tests/test_module_overhead.py`` pins both paths against each other and against TorchRL's classes.
 
-One addition: a ``truncated`` key (``set_keys(truncated=...)``, default ``"truncated"``). A rollout that lacks
-``("next", done)`` but has ``("next", terminated)`` and ``("next", truncated)`` gets ``done = terminated |
-truncated`` written into it before the estimate, and one that lacks ``terminated`` gets ``done & ~truncated``.
+Additions to TorchRL's classes:
+
+- A ``truncated`` key (``set_keys(truncated=...)``, default ``"truncated"``). For a rollout that lacks
+  ``("next", done)`` but has ``("next", terminated)`` and ``("next", truncated)``, the estimate uses
+  ``done = terminated | truncated``; for one that lacks ``terminated``, ``terminated = done & ~truncated``. The
+  completed flag is never written into the input: the direct path uses the computed tensor, TorchRL's forward runs
+  on a shallow copy of the tensordict (and of its "next" entry) whose new entries are copied back, so the input
+  gets exactly the entries TorchRL writes.
+- A missing entry raises ``MissingKeyError`` naming the class and every missing entry.
+- An ``InputError``/``TypeError`` of a functional names the tensordict entry behind the bad argument
+  (``GAE: ('next', 'done'): done must be a bool tensor ...``), same exception type.
+- ``gamma``, ``lmbda`` (and ``VTrace``'s ``rho_thresh``, ``c_thresh``) are range-checked in the constructor, after
+  TorchRL's constructor accepted them (Python numbers and CPU tensors; CUDA tensors are not read).
 """
 from __future__ import annotations
 

@@ -9,6 +9,10 @@ discount series off below 1e-7, ours do not, so ours equal TorchRL's loop functi
 ones to about 1e-7 relative. ``rolling_gamma=False`` (a per-step gamma tied to the whole remaining trajectory) is
 not a first-order recurrence: it runs TorchRL's own code, so the loop names compute it (O(T^2)) and the ``vec_*``
 names raise TorchRL's ``NotImplementedError``, exactly as TorchRL does.
+
+TD(0) (``td0_return_estimate``, ``td0_advantage_estimate``) has no recursion along time: it is one elementwise torch
+expression on every backend, on inputs of any shape (0-d and 1-D too, as DQN and CQL call it), with no
+``time_dim``; how exact it is, is in ``_td0``.
 """
 from __future__ import annotations
 

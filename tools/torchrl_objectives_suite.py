@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import subprocess
 import sys
@@ -40,15 +41,45 @@ _REPO = _HERE.parent
 
 # -- the pytest plugin ------------------------------------------------------------------------------------------------
 
-def pytest_configure(config):
-    import rl_triton_torchrl
+_CALLS = collections.Counter()
 
+
+def _count(owner, name, fn):
+    @functools.wraps(fn)
+    def counted(*args, **kwargs):
+        _CALLS[f"{owner}.{name}"] += 1
+        return fn(*args, **kwargs)
+
+    return counted
+
+
+def pytest_configure(config):
+    """Patches TorchRL before collection and counts the calls our estimator classes get (constructions, ``forward``,
+    ``value_estimate``), reported at the end of the run as proof that ours ran."""
+    import rl_triton_torchrl
+    from rl_triton_torchrl import estimators
+
+    for name in estimators.EXPECTED_FUNCTIONALS:
+        cls = getattr(estimators, name)
+        for method in ("__init__", "value_estimate"):
+            setattr(cls, method, _count(name, method, cls.__dict__.get(method, getattr(cls, method))))
+    estimators._OurMath.forward = _count("ours", "forward", estimators._OurMath.forward)
     rl_triton_torchrl.patch_torchrl()
     config._rl_triton_torchrl_file = rl_triton_torchrl.__file__
 
 
 def pytest_report_header(config):
     return f"torchrl_objectives_suite: patch_torchrl() applied ({getattr(config, '_rl_triton_torchrl_file', '?')})"
+
+
+def pytest_terminal_summary(terminalreporter):
+    import torchrl.objectives.value as value
+
+    import rl_triton_torchrl
+
+    terminalreporter.write_line(
+        f"torchrl_objectives_suite: patched with {rl_triton_torchrl.__file__}; torchrl.objectives.value.GAE is ours: "
+        f"{value.GAE is rl_triton_torchrl.GAE}; calls: " + ", ".join(f"{k} {v}" for k, v in sorted(_CALLS.items())))
 
 
 # -- the driver --------------------------------------------------------------------------------------------------------
