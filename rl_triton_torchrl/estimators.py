@@ -57,6 +57,7 @@ from __future__ import annotations
 import dataclasses
 import dis
 import functools
+import numbers
 import sys
 import types
 
@@ -194,8 +195,19 @@ class _OurMath:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)  # TorchRL's constructor first: where it refuses a value, its error wins
         for name, (low, high) in self._coefficients.items():
-            if name in kwargs:
-                check_coefficient(type(self).__name__, name, kwargs[name], low, high)
+            if name not in kwargs:
+                continue
+            value = kwargs[name]
+            integral = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or (
+                isinstance(value, Tensor) and not value.is_floating_point() and value.dtype is not torch.bool
+                and not value.is_complex())
+            if integral:
+                # TorchRL stores an integer coefficient (gamma=1) as an int64 buffer and computes with it; our
+                # functionals take floating coefficients: the buffer is kept as the default float dtype instead
+                buffer = getattr(self, name)
+                setattr(self, name, buffer.to(torch.get_default_dtype()))
+                value = value.to(torch.get_default_dtype()) if isinstance(value, Tensor) else float(value)
+            check_coefficient(type(self).__name__, name, value, low, high)
 
     def forward(self, *args, **kwargs):
         try:

@@ -210,7 +210,7 @@ class _KeyedRolloutModule(_RolloutModule):
 def _buffer(value, device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.to(device)
-    return torch.tensor(value, device=device)
+    return torch.tensor(float(value), device=device)  # gamma=1 as a float buffer (the kernels take float ones)
 
 
 class Retrace(_KeyedRolloutModule):

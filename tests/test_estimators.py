@@ -559,3 +559,15 @@ def test_dir_lists_the_public_names():
     for name in rtt.__all__:
         assert name in names, name
     assert {"GAE", "VTrace", "patch_torchrl", "functional", "Retrace", "normalize_advantage"} <= set(names)
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_integer_coefficients(name):
+    """TorchRL accepts gamma=1 (an int, kept as an int64 buffer) and computes with it: so do we."""
+    kw = {"gamma": 1, **({"lmbda": 1} if "lmbda" in CLASSES[name] else {})}
+    ours, theirs = getattr(rtt, name)(**kw, value_network=None), getattr(trl_value, name)(**kw, value_network=None)
+    assert ours.gamma.is_floating_point()
+    td = rollout()
+    compare(ours(td.clone()), theirs(td.clone()))
+    with pytest.raises(rtt.InputError, match=f"{name}: gamma must lie in"):
+        getattr(rtt, name)(**{**kw, "gamma": 2}, value_network=None)
