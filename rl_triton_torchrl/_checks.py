@@ -51,8 +51,8 @@ def keyed_error(owner: str, err: BaseException, keys: dict) -> BaseException | N
     the arguments it names: ``GAE: ('next', 'done'): done must be a bool tensor ...``, ``GAE: 'state_value' and
     ('next', 'reward'): state_value has dtype torch.float32 but reward has torch.float64 ...``.
 
-    ``keys`` maps argument names to entries (keys; a ``Described`` string is shown as it is). None when the message does not start with an argument of ``keys`` (or
-    was prefixed already): the caller re-raises ``err`` as it is.
+    ``keys`` maps argument names to entries (keys; a ``Described`` string is shown as it is). None when the message
+    does not start with an argument of ``keys`` (or was prefixed already): the caller re-raises ``err`` as it is.
     """
     message = str(err)
     if message.split(" ", 1)[0] not in keys or getattr(err, "_rl_triton_keyed", False):

@@ -280,7 +280,8 @@ class _OurMath:
 
     def _direct_entries(self, tensordict):
         """``(keys, reward, done, terminated, value, next_value, steps_to_next_obs)`` when the direct path gives what
-        TorchRL's forward gives, else None. Completes the episode flags as ``_complete_flags`` does."""
+        TorchRL's forward gives, else None. Completes the episode flags as ``_completed_flags`` does (in the
+        returned tensors, never in ``tensordict``)."""
         if (torch.compiler.is_compiling() or type(tensordict) is not TensorDict or type(self) is not self._direct_class
                 or self.value_network is not None or getattr(self, self._direct_unless)
                 or tensordict.batch_dims < 1):
