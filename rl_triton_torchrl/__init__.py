@@ -47,6 +47,11 @@ _LAZY = {
 __all__ = ["kernels", "InputError", "__version__", *_LAZY]
 
 
+def __dir__():
+    """The public names, the lazily imported ones too (tab completion, ``dir()``)."""
+    return sorted(set(globals()) | set(__all__))
+
+
 def __getattr__(name):
     if name not in _LAZY:
         raise AttributeError(f"module 'rl_triton_torchrl' has no attribute {name!r}")

@@ -2,38 +2,62 @@
 
 Each class here subclasses TorchRL 0.14's class of the same name and inherits everything around the math:
 constructor arguments and defaults, buffers (``gamma``, ``lmbda``, ...; state_dicts load both ways), keys and
-``set_keys``, value-network calls (vmap, ``shifted``, chunking, functional params), ``time_dim`` resolution,
-``skip_existing``, ``average_gae``/``average_rewards``, ``differentiable``, ``steps_to_next_obs``,
-``auto_reset_env``, NaN next-observations and ``MultiAgentGAE``'s agent broadcasting. Only the functional calls
-change: TorchRL's own ``forward``/``value_estimate`` are re-bound (``_rebind``) so that the names they look up in
-``torchrl.objectives.value.advantages`` resolve to ``rl_triton_torchrl.functional``. Nothing is copied from TorchRL
-and nothing global is modified.
+``set_keys`` (lists of keys too, e.g. a composite distribution's ``sample_log_prob``), value-network calls (vmap,
+``shifted``, chunking, functional params), ``time_dim`` resolution, ``skip_existing``,
+``average_gae``/``average_rewards``, ``differentiable``, ``steps_to_next_obs``, ``auto_reset_env``, NaN
+next-observations and ``MultiAgentGAE``'s agent broadcasting. The functional calls change: TorchRL's own
+``forward``/``value_estimate`` are re-bound (``_rebind``: the same code objects with a copy of their module globals)
+so that the names they look up in ``torchrl.objectives.value.advantages`` resolve to ``rl_triton_torchrl.functional``.
+No TorchRL module is modified by importing this one (``patch_torchrl()`` does that, on request).
+
+The coupling is checked at import (``check_rebound``): every re-bound method, its decorators' closures and nested
+code included, must reach TorchRL's functionals only through global look-ups that now resolve to ours, and each class
+must still call the functionals it is expected to (``EXPECTED_FUNCTIONALS``). A TorchRL release that calls a
+functional another way (an attribute, a local import, a helper that is not re-bound) makes the import fail with
+``TorchRLCouplingError`` (an ``ImportError``) naming the class, the method and the functional, instead of silently
+computing TorchRL's math.
 
 ``vectorized`` is accepted and has no effect: TorchRL's loop and vectorised functionals both map to our exact
 kernels. With ``differentiable=True`` and a value network whose outputs require grad, gradients flow through the
 estimate: the coefficients are built with torch ops and the scan runs forward and backward on the Triton scan kernel
-(``kernels.scan.scan_rows``).
+(``kernels.scan.scan_rows``). TD(0) is elementwise (``functional.td0_return_estimate``): any shape, 0-d included.
 
-The direct path: a call ``est(td)`` of ``GAE``, ``MultiAgentGAE``, ``TDLambdaEstimator``, ``TD1Estimator`` or
-``TD0Estimator`` (the class itself, not a subclass) on a ``TensorDict`` that carries its values (no value network),
-outside torch.compile tracing, without ``auto_reset_env``/``average_rewards``, keyword arguments or a
-``"shifted_valid"`` entry, skips TorchRL's forward machinery (``dispatch``, ``skip_existing``, value-network
-handling, ``shifted`` masks, our key check) and does only what that forward does for such a call: read the entries,
-move the coefficient buffers to the reward's device, apply ``steps_to_next_obs``, call the same functional with the
-same arguments under the same grad mode, write advantage and value target. Same numbers bit for bit, same entries
-written, same errors (a missing entry sends the call to TorchRL's forward, which raises as before). Every other call
-runs TorchRL's re-bound forward; ``est.direct_path = False`` forces that for every call (for comparisons).
-``VTrace`` always runs TorchRL's forward (it evaluates its actor network on every call).
+The direct path re-implements part of TorchRL's ``forward``, and is therefore enabled only on the TorchRL versions it
+was verified against (``DIRECT_PATH_VERSIONS``: 0.14.1; ``torchrl.__version__`` is read at every call); on any other
+version every call runs TorchRL's re-bound forward. There, a call ``est(td)`` of ``GAE``, ``MultiAgentGAE``,
+``TDLambdaEstimator``, ``TD1Estimator`` or ``TD0Estimator`` (the class itself, not a subclass) on a ``TensorDict``
+that carries its values (no value network), outside torch.compile tracing, without
+``auto_reset_env``/``average_rewards``, keyword arguments, list-valued keys or a ``"shifted_valid"`` entry, skips
+TorchRL's forward machinery (``dispatch``, ``skip_existing``, value-network handling, ``shifted`` masks, our key
+check) and does what TorchRL 0.14.1's forward does for such a call, written here again: read the entries (through
+tensordict's private ``_get_tuple``), move the coefficient buffers to the reward's device, apply
+``steps_to_next_obs``, call the same functional with the same arguments under the same grad mode (GAE's
+``_normalize_advantage`` and ``_group_ids`` for ``average_gae``), write advantage and value target. Same numbers bit
+for bit, same entries written, same errors (a missing entry sends the call to TorchRL's forward, which raises as
+before). Every other call runs TorchRL's re-bound forward; ``est.direct_path = False`` forces that for every call
+(for comparisons). ``VTrace`` always runs TorchRL's forward (it evaluates its actor network on every call).
 ``tests/test_module_overhead.py`` pins both paths against each other and against TorchRL's classes.
 
-One addition: a ``truncated`` key (``set_keys(truncated=...)``, default ``"truncated"``). A rollout that lacks
-``("next", done)`` but has ``("next", terminated)`` and ``("next", truncated)`` gets ``done = terminated |
-truncated`` written into it before the estimate, and one that lacks ``terminated`` gets ``done & ~truncated``.
+Additions to TorchRL's classes:
+
+- A ``truncated`` key (``set_keys(truncated=...)``, default ``"truncated"``). For a rollout that lacks
+  ``("next", done)`` but has ``("next", terminated)`` and ``("next", truncated)``, the estimate uses
+  ``done = terminated | truncated``; for one that lacks ``terminated``, ``terminated = done & ~truncated``. The
+  completed flag is never written into the input: the direct path uses the computed tensor, TorchRL's forward runs
+  on a shallow copy of the tensordict (and of its "next" entry) whose new entries are copied back, so the input
+  gets exactly the entries TorchRL writes.
+- A missing entry raises ``MissingKeyError`` naming the class and every missing entry.
+- An ``InputError``/``TypeError`` of a functional names the tensordict entry behind the bad argument
+  (``GAE: ('next', 'done'): done must be a bool tensor ...``), same exception type.
+- ``gamma``, ``lmbda`` (and ``VTrace``'s ``rho_thresh``, ``c_thresh``) are range-checked in the constructor, after
+  TorchRL's constructor accepted them (Python numbers and CPU tensors; CUDA tensors are not read).
 """
 from __future__ import annotations
 
 import dataclasses
+import dis
 import functools
+import numbers
 import sys
 import types
 
@@ -41,9 +65,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
 from torch import Tensor
+import torchrl as _torchrl_package
 from torchrl.objectives.value import advantages as _trl
+from torchrl.objectives.value import functional as _trl_functional
 
 from . import functional
+from ._checks import Described, check_coefficient, keyed_error
+from .kernels import InputError
 
 __all__ = [
     "GAE",
@@ -53,7 +81,10 @@ __all__ = [
     "TDLambdaEstimator",
     "VTrace",
     "MissingKeyError",
+    "TorchRLCouplingError",
     "TORCHRL_FUNCTIONALS",
+    "DIRECT_PATH_VERSIONS",
+    "direct_path_verified",
 ]
 
 # The names TorchRL's estimator classes look up in torchrl.objectives.value.advantages -> ours.
@@ -146,9 +177,12 @@ class _OurMath:
     runs TorchRL's re-bound ``forward``."""
 
     _torchrl_forward = None
+    _torchrl_value_estimate = None
     # the entries an estimate reads besides the reward: each group is (field of tensor_keys, under "next"), one
     # entry of a group suffices. The value entries are read only without a value network.
     _needed_keys = ((("done", True),),)
+    # constructor coefficients range-checked after TorchRL's constructor accepted them: name -> (low, high)
+    _coefficients = {"gamma": (0.0, 1.0), "lmbda": (0.0, 1.0)}
     # The direct path, per class: its estimate (one of the ``_direct_*`` methods below, or None: TorchRL's forward
     # always), the buffers moved to the reward's device before ``steps_to_next_obs`` is applied (TorchRL's order),
     # and the option that sends a call to TorchRL's forward when set.
@@ -158,17 +192,65 @@ class _OurMath:
     _direct_class = None  # set by @_our_math; a subclass of ours (it may override any method) takes TorchRL's forward
     direct_path = True  # False: every call through TorchRL's re-bound forward (for comparisons; same results)
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)  # TorchRL's constructor first: where it refuses a value, its error wins
+        for name, (low, high) in self._coefficients.items():
+            if name not in kwargs:
+                continue
+            value = kwargs[name]
+            integral = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or (
+                isinstance(value, Tensor) and not value.is_floating_point() and value.dtype is not torch.bool
+                and not value.is_complex())
+            if integral:
+                # TorchRL stores an integer coefficient (gamma=1) as an int64 buffer and computes with it; our
+                # functionals take floating coefficients: the buffer is kept as the default float dtype instead
+                buffer = getattr(self, name)
+                setattr(self, name, buffer.to(torch.get_default_dtype()))
+                value = value.to(torch.get_default_dtype()) if isinstance(value, Tensor) else float(value)
+            check_coefficient(type(self).__name__, name, value, low, high)
+
     def forward(self, *args, **kwargs):
+        try:
+            return self._forward(*args, **kwargs)
+        except (InputError, TypeError) as err:
+            keyed = self._keyed_error(err)
+            if keyed is None:
+                raise
+            raise keyed from None
+
+    def _forward(self, *args, **kwargs):
         # TorchRL's forward also takes its inputs as keyword tensors (tensordict's ``dispatch``): pass all along
         tensordict = args[0] if args else kwargs.get("tensordict")
-        if isinstance(tensordict, TensorDictBase):
-            if len(args) == 1 and not kwargs and self._direct_estimate is not None and self.direct_path:
-                entries = self._direct_entries(tensordict)
-                if entries is not None:
-                    return self._direct_forward(tensordict, *entries)
-            self._complete_flags(tensordict)
-            self._check_keys(tensordict)
-        return self._torchrl_forward(*args, **kwargs)
+        if not isinstance(tensordict, TensorDictBase):
+            return self._torchrl_forward(*args, **kwargs)
+        if (len(args) == 1 and not kwargs and self._direct_estimate is not None and self.direct_path
+                and direct_path_verified()):
+            entries = self._direct_entries(tensordict)
+            if entries is not None:
+                return self._direct_forward(tensordict, *entries)
+        completed, completed_key = self._completed_flags(tensordict)
+        self._check_keys(completed)
+        if completed is tensordict:
+            return self._torchrl_forward(*args, **kwargs)
+        # TorchRL's forward runs on a shallow copy that holds the completed flag; what it writes is copied back
+        if args:
+            args = (completed, *args[1:])
+        else:
+            kwargs = {**kwargs, "tensordict": completed}
+        out = self._torchrl_forward(*args, **kwargs)
+        _copy_back(completed, tensordict, skip=completed_key)
+        return tensordict if out is completed else out
+
+    def _keyed_error(self, err):
+        """``err`` naming the tensordict entry of the functional argument it is about (``_checks.keyed_error``)."""
+        keys = self.tensor_keys
+        names = {"reward": _entry(keys.reward, True), "done": _entry(keys.done, True),
+                 "terminated": _entry(keys.terminated, True), "state_value": _entry(keys.value, False),
+                 "next_state_value": _entry(keys.value, True)}
+        if hasattr(keys, "sample_log_prob"):
+            names["log_mu"] = _entry(keys.sample_log_prob, False)
+            names["log_pi"] = Described(f"the actor_network's log-probability ({keys.sample_log_prob!r})")
+        return keyed_error(type(self).__name__, err, names)
 
     # -- the direct path ------------------------------------------------------------------------------------------
     # TorchRL's forward, for values precomputed in the rollout, is: read the entries, move the coefficient buffers to
@@ -185,6 +267,9 @@ class _OurMath:
         cached = self.__dict__.get("_direct_key_cache")
         if cached is not None and cached[0] == state:
             return cached[1]
+        if any(isinstance(k, list) for k in state):  # a list of keys (TorchRL's set_keys accepts them): its forward
+            self.__dict__["_direct_key_cache"] = (state, None)
+            return None
         # under "next": the key without its leading "next" (read from the "next" sub-tensordict)
         nxt = [_key_tuple(("next", getattr(keys, f)))[1:] for f in ("reward", "done", "terminated", "truncated",
                                                                      "value")]
@@ -195,12 +280,15 @@ class _OurMath:
 
     def _direct_entries(self, tensordict):
         """``(keys, reward, done, terminated, value, next_value, steps_to_next_obs)`` when the direct path gives what
-        TorchRL's forward gives, else None. Completes the episode flags as ``_complete_flags`` does."""
+        TorchRL's forward gives, else None. Completes the episode flags as ``_completed_flags`` does (in the
+        returned tensors, never in ``tensordict``)."""
         if (torch.compiler.is_compiling() or type(tensordict) is not TensorDict or type(self) is not self._direct_class
                 or self.value_network is not None or getattr(self, self._direct_unless)
                 or tensordict.batch_dims < 1):
             return None
         keys = self._direct_keys()
+        if keys is None:
+            return None
         r_k, d_k, term_k, trunc_k, nv_k, v_k, steps_k = keys[:7]
         # ``get(key)`` is ``_get_tuple(key as a tuple)``; a key under "next" is read from the "next" entry the way
         # ``_get_tuple`` recurses into it
@@ -220,13 +308,11 @@ class _OurMath:
                 and (done is None or isinstance(done, Tensor)) and (term is None or isinstance(term, Tensor))
                 and (trunc is None or isinstance(trunc, Tensor))):
             return None
-        if trunc is not None:  # as _complete_flags
+        if trunc is not None:  # as _completed_flags, without writing the flag into the user's tensordict
             if done is None and term is not None:
-                tensordict.set(("next", *d_k), term | trunc)
-                done = nxt._get_tuple(d_k, None)
+                done = term | trunc
             elif term is None and done is not None:
-                tensordict.set(("next", *term_k), done & ~trunc)
-                term = nxt._get_tuple(term_k, None)
+                term = done & ~trunc
         if done is None:
             return None
         return keys, reward, done, done if term is None else term, value, next_value, steps
@@ -285,7 +371,11 @@ class _OurMath:
 
     def _check_keys(self, tensordict: TensorDictBase) -> None:
         """A ``MissingKeyError`` naming this class and every missing entry. (TorchRL's own code fails on ``None``
-        with an ``AttributeError``, or with a ``ValueError`` for a missing value entry.)"""
+        with an ``AttributeError``, or with a ``ValueError`` for a missing value entry.)
+
+        A field may hold a list of keys (TorchRL's ``set_keys`` accepts them, e.g. the ``sample_log_prob`` of a
+        composite action distribution): every key of the list is needed.
+        """
         keys = self.tensor_keys
         groups = [(("reward", True),), *self._needed_keys]
         if self.value_network is None:
@@ -293,25 +383,73 @@ class _OurMath:
         present = tensordict.keys(include_nested=True)
         missing, hint = [], "rename the keys with set_keys(...)"
         for group in groups:
-            entries = [unravel_key(("next", getattr(keys, f)) if nxt else getattr(keys, f)) for f, nxt in group]
-            if all(isinstance(e, (str, tuple)) and e not in present for e in entries):
-                missing.append(" or ".join(map(repr, entries)))
+            # each alternative of a group: the entries it needs (one, or a list's)
+            alternatives = [_entries(getattr(keys, f), nxt) for f, nxt in group]
+            absent = [[e for e in entries if isinstance(e, (str, tuple)) and e not in present]
+                      for entries in alternatives]
+            if all(absent):
+                missing.append(" or ".join(" and ".join(map(repr, a)) for a in absent))
                 if group[0][0] == "value":
                     hint = "rename the keys with set_keys(...), or pass a value_network"
         if missing:
             raise MissingKeyError(f"{type(self).__name__}: the tensordict has no {' and no '.join(missing)} entry "
                                   f"({hint})")
 
-    def _complete_flags(self, tensordict: TensorDictBase) -> None:
+    def _completed_flags(self, tensordict: TensorDictBase) -> tuple[TensorDictBase, tuple | None]:
+        """``(tensordict, None)``, or, where ``("next", truncated)`` completes a missing done or terminated flag
+        (``done = terminated | truncated``, ``terminated = done & ~truncated``), a shallow copy of it (and of its
+        "next" entry) holding the completed flag, and the flag's key. The user's tensordict is never written here."""
         keys = self.tensor_keys
+        if any(isinstance(k, list) for k in (keys.done, keys.terminated, keys.truncated)):
+            return tensordict, None
         done, term, trunc = (unravel_key(("next", k)) for k in (keys.done, keys.terminated, keys.truncated))
         present = tensordict.keys(include_nested=True)
         if trunc not in present:
-            return
+            return tensordict, None
         if done not in present and term in present:
-            tensordict.set(done, tensordict.get(term) | tensordict.get(trunc))
+            key, flag = done, tensordict.get(term) | tensordict.get(trunc)
         elif term not in present and done in present:
-            tensordict.set(term, tensordict.get(done) & ~tensordict.get(trunc))
+            key, flag = term, tensordict.get(done) & ~tensordict.get(trunc)
+        else:
+            return tensordict, None
+        copy = tensordict.copy()  # new TensorDicts down the tree, the same tensors
+        copy.set(key, flag)
+        return copy, key
+
+
+def _entries(key, under_next: bool) -> list:
+    """The entries a key field names: one key, or each key of a list, unravelled (under "next" if asked)."""
+    return [unravel_key(("next", k) if under_next else k) for k in (key if isinstance(key, list) else [key])]
+
+
+def _entry(key, under_next: bool):
+    """The entry (or, for a list of keys, the list of entries) a key field names, as ``_entries``."""
+    entries = _entries(key, under_next)
+    return entries if isinstance(key, list) else entries[0]
+
+
+def _copy_back(source: TensorDictBase, target: TensorDictBase, skip) -> None:
+    """Sets into ``target`` every leaf of ``source`` (a shallow copy of ``target``) that is new or another tensor
+    than ``target``'s: what TorchRL's forward wrote into the copy. ``skip`` (the completed flag) is left out."""
+    present = set(target.keys(include_nested=True, leaves_only=True))
+    for key in source.keys(include_nested=True, leaves_only=True):
+        if key == skip:
+            continue
+        value = source.get(key)
+        if key not in present or target.get(key) is not value:
+            target.set(key, value)
+
+
+# TorchRL versions whose forwards the direct path was verified against (it re-implements them: see the module
+# docstring). On any other version every call runs TorchRL's re-bound forward.
+DIRECT_PATH_VERSIONS = ("0.14.1",)
+
+
+def direct_path_verified() -> bool:
+    """Whether the installed TorchRL (``torchrl.__version__``, read at every call) is one the direct path was
+    verified against."""
+    version = getattr(_torchrl_package, "__version__", "")
+    return version.split("+", 1)[0] in DIRECT_PATH_VERSIONS
 
 
 class MissingKeyError(KeyError, ValueError):
@@ -322,13 +460,116 @@ class MissingKeyError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
+class TorchRLCouplingError(ImportError):
+    """The installed TorchRL calls its value functionals in a way our re-bound methods do not reach: our classes
+    would silently compute TorchRL's math. Raised when ``rl_triton_torchrl.estimators`` is imported."""
+
+
+# The functionals each class's re-bound methods (``forward``, ``value_estimate``) must call, verified at import.
+EXPECTED_FUNCTIONALS = {
+    "GAE": {"generalized_advantage_estimate", "vec_generalized_advantage_estimate"},
+    "MultiAgentGAE": {"generalized_advantage_estimate", "vec_generalized_advantage_estimate"},
+    "TD0Estimator": {"td0_return_estimate"},
+    "TD1Estimator": {"vec_td1_return_estimate"},
+    "TDLambdaEstimator": {"td_lambda_return_estimate", "vec_td_lambda_return_estimate"},
+    "VTrace": {"vtrace_advantage_estimate"},
+}
+# every name of a TorchRL value functional: a reference to one that does not resolve to ours is an error
+_FUNCTIONAL_NAMES = frozenset(_trl_functional.__all__) | frozenset(TORCHRL_FUNCTIONALS)
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+
+
+def _reachable(fn: types.FunctionType):
+    """``(function, code object)`` of every code ``fn`` runs by itself: its own, nested ones (lambdas,
+    comprehensions, inner functions) and those of the functions in its closure (decorators), recursively. Each
+    code object comes with the function whose globals it resolves names in."""
+    seen, stack = set(), [fn]
+    while stack:
+        f = stack.pop()
+        codes = [f.__code__]
+        while codes:
+            code = codes.pop()
+            if id(code) in seen:
+                continue
+            seen.add(id(code))
+            yield f, code
+            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        for cell in f.__closure__ or ():
+            try:
+                content = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(content, types.FunctionType):
+                stack.append(content)
+
+
+def check_rebound(owner: str, methods: dict, expected: set, replacements: dict = TORCHRL_FUNCTIONALS) -> None:
+    """Verifies that re-bound ``methods`` (name -> function) compute with ``replacements`` (ours).
+
+    Follows closures and nested code. Every reference to a TorchRL value functional must be a global look-up that
+    resolves to ours in the globals of the function that makes it; a functional reached another way (an attribute,
+    ``functional.gae(...)``; a local import) or resolving to TorchRL's is an error, and so is an ``expected``
+    functional that no method calls (the call moved elsewhere, e.g. into a base-class helper that is not re-bound).
+
+    Raises:
+        TorchRLCouplingError: naming ``owner``, the method and the functional.
+    """
+    called = set()
+    for method, fn in methods.items():
+        for func, code in _reachable(fn):
+            for ins in dis.get_instructions(code):
+                name = ins.argval
+                if not isinstance(name, str) or name not in _FUNCTIONAL_NAMES:
+                    continue
+                where = f"{owner}.{method} (code {code.co_qualname})"
+                if ins.opname not in _GLOBAL_LOADS:
+                    raise TorchRLCouplingError(
+                        f"{where} reaches TorchRL's {name} through {ins.opname} (an attribute or a local import), "
+                        f"which rl_triton_torchrl's re-binding does not replace: this TorchRL version "
+                        f"({getattr(_torchrl_package, '__version__', '?')}) is not supported by "
+                        "rl_triton_torchrl.estimators")
+                resolved = func.__globals__.get(name)
+                if name in replacements and resolved is not replacements[name] or name not in replacements:
+                    raise TorchRLCouplingError(
+                        f"{where} looks {name} up as a global, which resolves to {resolved!r}, not "
+                        "rl_triton_torchrl's: this TorchRL version "
+                        f"({getattr(_torchrl_package, '__version__', '?')}) is not supported by "
+                        "rl_triton_torchrl.estimators")
+                called.add(name)
+    if expected - called:
+        raise TorchRLCouplingError(
+            f"{owner}: no re-bound method ({', '.join(methods)}) calls {', '.join(sorted(expected - called))}: this "
+            f"TorchRL version ({getattr(_torchrl_package, '__version__', '?')}) computes the estimate elsewhere, "
+            "and rl_triton_torchrl.estimators does not support it")
+
+
+def _keyed_value_estimate(rebound):
+    """TorchRL's re-bound ``value_estimate``, its errors naming the tensordict entry (as ``forward``'s)."""
+
+    @functools.wraps(rebound)
+    def value_estimate(self, *args, **kwargs):
+        try:
+            return rebound(self, *args, **kwargs)
+        except (InputError, TypeError) as err:
+            keyed = self._keyed_error(err)
+            if keyed is None:
+                raise
+            raise keyed from None
+
+    return value_estimate
+
+
 def _our_math(cls):
-    """Class decorator: re-binds the methods of the TorchRL base that call functionals, and adds the truncated key."""
+    """Class decorator: re-binds the methods of the TorchRL base that call functionals (and verifies that they now
+    call ours), and adds the truncated key."""
     base = cls.__mro__[2]  # (cls, _OurMath, TorchRL's class, ...)
     cls._AcceptedKeys = cls.default_keys = _with_truncated(base._AcceptedKeys)
     cls._torchrl_forward = _rebind(base.forward)
+    cls._torchrl_value_estimate = _rebind(base.value_estimate)
+    check_rebound(cls.__name__, {"forward": cls._torchrl_forward, "value_estimate": cls._torchrl_value_estimate},
+                  EXPECTED_FUNCTIONALS[cls.__name__])
     cls._direct_class = cls
-    cls.value_estimate = _rebind(base.value_estimate)
+    cls.value_estimate = _keyed_value_estimate(cls._torchrl_value_estimate)
     cls.__doc__ = f"Drop-in for :class:`torchrl.objectives.value.{base.__name__}`, the math on our kernels.\n\n" + (
         base.__doc__ or "")
     return cls
@@ -363,3 +604,4 @@ class TDLambdaEstimator(_OurMath, _trl.TDLambdaEstimator):
 @_our_math
 class VTrace(_OurMath, _trl.VTrace):
     _needed_keys = ((("done", True),), (("sample_log_prob", False),))
+    _coefficients = {"gamma": (0.0, 1.0), "rho_thresh": (0.0, None), "c_thresh": (0.0, None)}

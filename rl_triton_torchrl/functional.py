@@ -9,6 +9,10 @@ discount series off below 1e-7, ours do not, so ours equal TorchRL's loop functi
 ones to about 1e-7 relative. ``rolling_gamma=False`` (a per-step gamma tied to the whole remaining trajectory) is
 not a first-order recurrence: it runs TorchRL's own code, so the loop names compute it (O(T^2)) and the ``vec_*``
 names raise TorchRL's ``NotImplementedError``, exactly as TorchRL does.
+
+TD(0) (``td0_return_estimate``, ``td0_advantage_estimate``) has no recursion along time: it is one elementwise torch
+expression on every backend, on inputs of any shape (0-d and 1-D too, as DQN and CQL call it), with no
+``time_dim``; how exact it is, is in ``_td0``.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import torch
 from torchrl.objectives.value import functional as _trl_functional
 
 from .kernels import InputError
+from .kernels._utils import check_coef, check_inputs, resolve_backend
 from .kernels.gae import gae
 from .kernels.td_lambda import discounted_return, td_lambda_advantage, td_lambda_return
 from .kernels.vtrace import vtrace
@@ -70,33 +75,84 @@ def vec_generalized_advantage_estimate(
                                           time_dim=time_dim, backend=backend)
 
 
+def _td0(gamma, state_value, next_state_value, reward, done, terminated, backend):
+    """TD(0), elementwise on inputs of any shape (0-d too): ``reward + gamma * (1 - terminated) * next_state_value``
+    (minus ``state_value`` when given), the same expression as TorchRL's, one fused torch expression on every
+    backend: there is no recursion along time, so no scan and no ``time_dim``.
+
+    Exactness: for finite inputs the float32 result is TorchRL's bit for bit; float16/bfloat16 inputs are computed in
+    float32 and rounded once (TorchRL returns float32 for them). Two differences, both toward the float64 reference:
+    a float64 call with a Python-number ``gamma`` multiplies by the float64 ``gamma`` (TorchRL's ``gamma *
+    (~terminated).int()`` rounds it to float32 first), and a terminated step's ``next_state_value`` is not read at
+    all (``torch.where``), so a NaN or inf there does not turn the target into NaN (TorchRL's ``0 * nan``).
+    """
+    floats = {"reward": reward, "next_state_value": next_state_value}
+    if state_value is not None:
+        floats["state_value"] = state_value
+    flags = {"terminated": terminated} if done is None else {"done": done, "terminated": terminated}
+    if all(isinstance(x, torch.Tensor) and x.dim() == 0 for x in (*floats.values(), *flags.values())):
+        # 0-d inputs: checked as one-element views (same dtypes, devices and, all being 0-d, shapes)
+        layout = check_inputs(-1, {k: v.reshape(1) for k, v in floats.items()},
+                              {k: v.reshape(1) for k, v in flags.items()})
+    else:
+        layout = check_inputs(-1, floats, flags)  # any time_dim in range: TD(0) reads none
+    resolve_backend(backend, layout.device)  # the same backend errors as every functional; the path is torch ops
+    gamma = check_coef("gamma", gamma, layout)
+    acc = layout.acc_dtype
+    bootstrap = torch.where(terminated, 0.0, next_state_value.to(acc))
+    out = reward.to(acc) + gamma * bootstrap
+    if state_value is not None:
+        out = out - state_value.to(acc)
+    return out.to(layout.dtype)
+
+
 def td0_return_estimate(gamma, next_state_value, reward, terminated=None, *, done=None, backend="auto"):
-    """TD(0) targets ``reward + gamma * (1 - terminated) * next_state_value``.
+    """TD(0) targets ``reward + gamma * (1 - terminated) * next_state_value``, elementwise.
 
     Args:
-        gamma (float or Tensor): discount.
-        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations.
-        reward (Tensor): ``[*B, T, *F]`` rewards.
-        terminated (Tensor): ``[*B, T, *F]`` bool, end of episode.
+        gamma (float or Tensor): discount; a tensor broadcastable to the inputs (e.g. ``gamma ** steps``).
+        next_state_value (Tensor): values of the next observations, any shape (``[*B, T, *F]``, ``[B]``, 0-d).
+        reward (Tensor): rewards, of the same shape.
+        terminated (Tensor): bool, end of episode, of the same shape.
 
     Keyword Args:
-        done (Tensor): deprecated alias of ``terminated`` (as in TorchRL).
-        backend (str): ``"auto"``, ``"triton"`` or ``"torch"``.
+        done (Tensor): deprecated alias of ``terminated``, read only when ``terminated`` is not given, with
+            TorchRL's ``UserWarning``.
+        backend (str): ``"auto"``, ``"triton"`` or ``"torch"``: validated as everywhere; TD(0) is one elementwise
+            torch expression on every backend (no recursion along time).
+
+    Returns:
+        The targets, of the inputs' shape and dtype.
+
+    Examples:
+        >>> td0_return_estimate(0.5, torch.tensor([2.0, 2.0]), torch.ones(2), torch.tensor([False, True]))
+        tensor([2., 1.])
     """
     if done is not None and terminated is None:
         terminated = done  # read, never written: no copy
         warnings.warn("done for td0_return_estimate is deprecated. Pass ``terminated`` instead.")
     if terminated is None:
         raise InputError("td0_return_estimate needs terminated flags")
-    return td_lambda_return(reward, next_state_value, None, terminated, gamma=gamma, lmbda=0.0, time_dim=-2,
-                            backend=backend)
+    return _td0(gamma, None, next_state_value, reward, None, terminated, backend)
 
 
 def td0_advantage_estimate(gamma, state_value, next_state_value, reward, done, terminated=None, *, backend="auto"):
-    """TD(0) advantages ``reward + gamma * (1 - terminated) * next_state_value - state_value``."""
-    terminated = done if terminated is None else terminated
-    return td_lambda_advantage(reward, state_value, next_state_value, done, terminated, gamma=gamma, lmbda=0.0,
-                               backend=backend)
+    """TD(0) advantages ``reward + gamma * (1 - terminated) * next_state_value - state_value``, elementwise.
+
+    Args:
+        gamma (float or Tensor): discount; a tensor broadcastable to the inputs.
+        state_value (Tensor): values of the observations, any shape.
+        next_state_value (Tensor): values of the next observations, of the same shape.
+        reward (Tensor): rewards, of the same shape.
+        done (Tensor): bool, end of trajectory, of the same shape (checked, as in TorchRL; TD(0) reads
+            ``terminated`` only).
+        terminated (Tensor, optional): bool, end of episode. Defaults to ``done``.
+
+    Keyword Args:
+        backend (str): as in :func:`td0_return_estimate`.
+    """
+    return _td0(gamma, state_value, next_state_value, reward, done, done if terminated is None else terminated,
+                backend)
 
 
 # TorchRL's own functionals, taken before anything (``patch_torchrl``) can replace them by ours.

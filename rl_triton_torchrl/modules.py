@@ -41,6 +41,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, composite_lp_aggregate
 from tensordict.utils import NestedKey, unravel_key
 
+from ._checks import Described, check_coefficient, keyed_error
 from .kernels import InputError, eligibility_traces, episodic_prefix_sum, retrace, retrace_discrete
 from .kernels.prefix_sum import check_reset
 
@@ -71,6 +72,27 @@ class _RolloutModule(TensorDictModuleBase):
     def _state_keys(self) -> list[NestedKey]:
         """The output key that names each carried state."""
         raise NotImplementedError
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Writes the module's outputs into ``tensordict`` (batch size ``[*B, T]``) and returns it.
+
+        An ``InputError`` or ``TypeError`` of the kernel names the tensordict entry that holds the bad argument:
+        ``EligibilityTraces: ('next', 'done'): done must be a bool tensor ...``.
+        """
+        try:
+            return self._forward(tensordict)
+        except (InputError, TypeError) as err:
+            keyed = keyed_error(type(self).__name__, err, self._argument_keys())
+            if keyed is None:
+                raise
+            raise keyed from None
+
+    def _forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        raise NotImplementedError
+
+    def _argument_keys(self) -> dict:
+        """Kernel argument name -> the tensordict entry it is read from (for error messages)."""
+        return {}
 
     @property
     def carried_state(self) -> dict:
@@ -188,7 +210,7 @@ class _KeyedRolloutModule(_RolloutModule):
 def _buffer(value, device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.to(device)
-    return torch.tensor(value, device=device)
+    return torch.tensor(float(value), device=device)  # gamma=1 as a float buffer (the kernels take float ones)
 
 
 class Retrace(_KeyedRolloutModule):
@@ -318,6 +340,8 @@ class Retrace(_KeyedRolloutModule):
         device: torch.device | None = None,
     ):
         super().__init__(time_dim=time_dim, carry_state=carry_state, n_states=1)
+        for name, value, high in (("gamma", gamma, 1.0), ("lmbda", lmbda, 1.0), ("c_bar", c_bar, None)):
+            check_coefficient("Retrace", name, value, 0.0, high)
         device = torch.get_default_device() if device is None else device
         self.register_buffer("gamma", _buffer(gamma, device))
         self.register_buffer("lmbda", _buffer(lmbda, device))
@@ -362,7 +386,17 @@ class Retrace(_KeyedRolloutModule):
             "with set_keys(...)"
         )
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def _argument_keys(self) -> dict:
+        k = self.tensor_keys
+        return {"q_taken": k.state_action_value, "next_expected_q": _next(k.expected_state_value),
+                "log_ratio": Described(f"{k.target_log_prob!r} minus {k.sample_log_prob!r} (or the log of "
+                                       f"{k.sample_prob!r})"),
+                "pi": k.target_probs, "next_pi": _next(k.target_probs), "q_values": k.action_value,
+                "next_q_values": _next(k.action_value), "action": k.action, "behavior_prob": k.sample_prob,
+                "behavior_log_prob": k.sample_log_prob, "reward": _next(k.reward), "done": _next(k.done),
+                "terminated": _next(k.terminated)}
+
+    def _forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Writes the Retrace targets and advantages into ``tensordict`` (batch size ``[*B, T]``) and returns it."""
         keys = self.tensor_keys
         form = self._form(tensordict)
@@ -493,6 +527,8 @@ class EligibilityTraces(_KeyedRolloutModule):
         device: torch.device | None = None,
     ):
         super().__init__(time_dim=time_dim, carry_state=carry_state, n_states=1)
+        check_coefficient("EligibilityTraces", "gamma", gamma)
+        check_coefficient("EligibilityTraces", "lmbda", lmbda)
         device = torch.get_default_device() if device is None else device
         self.register_buffer("gamma", _buffer(gamma, device))
         self.register_buffer("lmbda", _buffer(lmbda, device))
@@ -508,7 +544,10 @@ class EligibilityTraces(_KeyedRolloutModule):
     def _state_keys(self):
         return [self.tensor_keys.eligibility_trace]
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def _argument_keys(self) -> dict:
+        return {"x": self.tensor_keys.trace_input, "done": _next(self.tensor_keys.done)}
+
+    def _forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Writes the traces into ``tensordict`` (batch size ``[*B, T]``) and returns it."""
         keys = self.tensor_keys
         x = self._get(tensordict, keys.trace_input)
@@ -608,7 +647,12 @@ class EpisodicPrefixSum(_RolloutModule):
     def _state_keys(self):
         return list(self.out_keys)
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def _argument_keys(self) -> dict:
+        return {"boundary": self.boundary_key, "x": self._summed_key}
+
+    _summed_key = None  # the in_key being summed (for error messages)
+
+    def _forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Writes the sums (and the lengths) into ``tensordict`` (batch size ``[*B, T]``) and returns it."""
         boundary = self._get(tensordict, self.boundary_key)
         inputs = [(self._get(tensordict, in_key), out_key) for in_key, out_key in self.sum_keys]
@@ -618,7 +662,9 @@ class EpisodicPrefixSum(_RolloutModule):
         time_dim = self._resolve_time_dim(tensordict)
         states = self._initial_states([x.shape for x, _ in inputs], time_dim)
         outputs, final_states = [], []
-        for (x, out_key), initial_state in zip(inputs, states):
+        for ((x, out_key), initial_state), in_key in zip(zip(inputs, states),
+                                                         [*self.in_keys[:-1], Described("the lengths")]):
+            self._summed_key = in_key
             out = episodic_prefix_sum(x, self._fit(self.boundary_key, boundary, x.shape), reset=self.reset,
                                       time_dim=time_dim, initial_state=initial_state,
                                       output_final_state=self.carry_state)

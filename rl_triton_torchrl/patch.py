@@ -50,16 +50,30 @@ def is_patched() -> bool:
 
 
 def patch_torchrl() -> None:
-    """Routes TorchRL's value estimators and functionals to ours. Idempotent."""
+    """Routes TorchRL's value estimators and functionals to ours. Idempotent.
+
+    Every place of ``PATCHES`` is looked up before anything is replaced: if one is missing (a TorchRL release
+    renamed or moved it), nothing is patched and ``TorchRLCouplingError`` (an ``ImportError``) names the module and
+    the attribute. A partial patch would leave some of TorchRL's math in place silently.
+
+    Raises:
+        TorchRLCouplingError: a module of ``PATCHES`` lacks the attribute to replace.
+    """
     global _saved
     if _saved is not None:
         return
-    saved = {"globals": [], "registry": {}}
+    targets = []
     for mod_name, attr, replacement in PATCHES:
         module = importlib.import_module(mod_name)
-        if hasattr(module, attr):
-            saved["globals"].append((module, attr, getattr(module, attr)))
-            setattr(module, attr, replacement)
+        if not hasattr(module, attr):
+            raise estimators.TorchRLCouplingError(
+                f"patch_torchrl: {mod_name} has no attribute {attr!r} to replace (TorchRL "
+                f"{getattr(importlib.import_module('torchrl'), '__version__', '?')}); nothing was patched")
+        targets.append((module, attr, replacement))
+    saved = {"globals": [], "registry": {}}
+    for module, attr, replacement in targets:
+        saved["globals"].append((module, attr, getattr(module, attr)))
+        setattr(module, attr, replacement)
     registry, entry_cls = _registry()
     ours = {c.__mro__[2]: c for c in (getattr(estimators, name) for name in _CLASSES)}
     for key, entry in list(registry.items()):

@@ -76,6 +76,16 @@ def _rollout(drop=(), device=DEVICE):
     return td
 
 
+def _patch_with_missing_attribute():
+    saved = rtt.patch.PATCHES
+    rtt.patch.PATCHES = [*saved, ("torchrl.objectives.value.advantages", "no_such_estimator", None)]
+    try:
+        rtt.patch_torchrl()
+    finally:
+        rtt.patch.PATCHES = saved
+        assert not rtt.patch.is_patched()
+
+
 def _retrace_module_rollout(action):
     td = _rollout()
     td.update({"action_value": _x((2, 5, 3)), "target_probs": torch.full((2, 5, 3), 1 / 3, device=DEVICE),
@@ -171,6 +181,10 @@ CASES = {
         _rollout(drop=[("next", "reward")])), ("auto",)),
     "estimator-missing-value": (lambda b: rtt.TD0Estimator(gamma=0.9, value_network=None)(
         _rollout(drop=[("next", "state_value")])), ("auto",)),
+    "constructor-coef-range": (lambda b: rtt.GAE(gamma=1.5, lmbda=0.9, value_network=None), ("auto",)),
+    "estimator-entry": (lambda b: rtt.GAE(gamma=0.9, lmbda=0.9, value_network=None)(
+        _rollout().set(("next", "done"), _d().long())), ("auto",)),
+    "patch-missing-attribute": (lambda b: _patch_with_missing_attribute(), ("auto",)),
     # TensorDict modules
     "module-missing-key": (lambda b: rtt.EligibilityTraces(gamma=0.9, lmbda=0.9)(_rollout(drop=["trace_input"])),
                            ("auto",)),

@@ -6,6 +6,7 @@ interpreter without a GPU, CUDA on the GPU).
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -73,9 +74,11 @@ def pair(name, **kwargs):
 
 
 def compare(td_ours, td_theirs, keys=("advantage", "value_target")):
+    """Every one of ``keys`` is in both outputs and equal to rounding; a key missing on either side fails."""
     for key in keys:
-        if key in td_theirs.keys():
-            assert_close(key, td_ours[key], td_theirs[key])
+        assert key in td_theirs.keys(True), f"TorchRL's output has no {key!r} entry"
+        assert key in td_ours.keys(True), f"our output has no {key!r} entry (TorchRL's has)"
+        assert_close(key, td_ours[key], td_theirs[key])
 
 
 @pytest.mark.parametrize("name", list(CLASSES))
@@ -129,21 +132,57 @@ def test_set_keys(name, backend):
     compare(ours(td.clone()), theirs(td.clone()), ("adv", "vt"))
 
 
-def test_truncated_key_completes_done(backend):
-    """A rollout without ("next", "done") but with terminated and truncated: done = terminated | truncated."""
-    ours, theirs = pair("GAE", value_network=None)
+def _snapshot(td):
+    """Every leaf of ``td``, by key: the tensor object and a copy of its values."""
+    return {k: (v, v.clone()) for k, v in td.items(include_nested=True, leaves_only=True)}
+
+
+def assert_unchanged_but(td, before, written):
+    """``td`` holds exactly the entries of ``before`` plus ``written`` (the outputs TorchRL writes), and every entry
+    of ``before`` is the same tensor with the same values."""
+    keys = set(td.keys(include_nested=True, leaves_only=True))
+    assert keys == set(before) | set(written), f"entries added or removed: {keys ^ (set(before) | set(written))}"
+    for key, (tensor, values) in before.items():
+        assert td.get(key) is tensor, f"{key!r} was replaced"
+        assert torch.equal(tensor, values), f"{key!r} was written in place"
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "torchrl-forward"])
+@pytest.mark.parametrize("missing", ["done", "terminated"])
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_truncated_key_completes_flags(name, missing, direct, backend):
+    """A rollout without ("next", "done") (or without terminated) but with truncated: done = terminated | truncated
+    (terminated = done & ~truncated), as TorchRL computes on the full rollout; the input gets the outputs TorchRL
+    writes and nothing else (no completed flag), on the direct path and through TorchRL's forward."""
+    ours, theirs = pair(name, value_network=None)
+    ours.direct_path = direct
     ours.set_keys(truncated="trunc")
-    td = rollout()
-    td["next", "trunc"] = td["next", "truncated"]
-    full = td.clone()
-    del td["next", "done"]
-    out = ours(td)
-    assert torch.equal(out["next", "done"], full["next", "done"])
-    compare(out, theirs(full))
-    # and without terminated: terminated = done & ~truncated
+    full = rollout()
+    full["next", "trunc"] = full["next", "truncated"]
     td = full.clone()
-    del td["next", "terminated"]
-    compare(ours(td), theirs(full.clone()))
+    del td["next", missing]
+    before = _snapshot(td)
+    out = ours(td)
+    assert out is td
+    assert_unchanged_but(td, before, ["advantage", "value_target"])
+    compare(out, theirs(full.clone()))
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_value_network_call_writes_what_torchrl_writes(name):
+    """With a value network and a completed flag (TorchRL's forward on a shallow copy): the same entries as
+    TorchRL's class writes on the full rollout, except the completed flag."""
+    net = value_net()
+    ours, theirs = pair(name, value_network=net)
+    full = rollout(with_values=False)
+    td = full.clone()
+    del td["next", "done"]
+    before = _snapshot(td)
+    out_t = theirs(full.clone())
+    written = set(out_t.keys(True, True)) - set(full.keys(True, True))
+    ours(td)
+    assert_unchanged_but(td, before, written)
+    compare(td, out_t, sorted(written, key=str))
 
 
 @pytest.mark.parametrize("name", list(CLASSES))
@@ -213,14 +252,15 @@ def test_ours_actually_runs(name, monkeypatch):
     theirs(td.clone())  # TorchRL's class is untouched
 
 
-def test_vectorized_flag_has_no_effect(backend):
+@pytest.mark.parametrize("vectorized", [False, True])
+@pytest.mark.parametrize("name", ["GAE", "TDLambdaEstimator"])
+def test_vectorized_flag(name, vectorized, backend):
+    """Either value of ``vectorized`` gives TorchRL's class's result with that value (ours are exact both ways;
+    TorchRL's vectorised series is cut at 1e-7, within the float32 tolerance)."""
     td = rollout()
-    ours, theirs = pair("GAE", value_network=None)
-    ours.vectorized = False
-    a = ours(td.clone())["advantage"]
-    ours.vectorized = True
-    b = ours(td.clone())["advantage"]
-    assert torch.equal(a, b)
+    ours, theirs = pair(name, value_network=None)
+    ours.vectorized = theirs.vectorized = vectorized
+    compare(ours(td.clone()), theirs(td.clone()))
 
 
 def test_patch_unpatch():
@@ -327,3 +367,207 @@ def test_vtrace_runs_ours(monkeypatch):
     with pytest.raises(ValueError, match="RL_TRITON_TORCHRL_BACKEND"):
         rtt.VTrace(gamma=0.9, actor_network=actor, value_network=critic)(td.clone())
     trl_value.VTrace(gamma=0.9, actor_network=actor, value_network=critic)(td.clone())
+
+
+def test_vtrace_list_valued_sample_log_prob(backend):
+    """A list of keys for ``sample_log_prob`` (TorchRL's set_keys accepts one, as composite action distributions
+    need): read as TorchRL reads it, and the same result as TorchRL's class."""
+    actor, critic = _actor_critic()
+    td = rollout(batch=(3, 12), with_values=False)
+    with torch.no_grad():
+        actor(td)
+    kw = dict(gamma=0.97, actor_network=actor, value_network=critic)
+    ours, theirs = rtt.VTrace(**kw), trl_value.VTrace(**kw)
+    for est in (ours, theirs):
+        est.set_keys(sample_log_prob=["action_log_prob"])
+    compare(ours(td.clone()), theirs(td.clone()))
+    del td["action_log_prob"]
+    with pytest.raises(rtt.estimators.MissingKeyError, match="'action_log_prob'"):
+        ours(td.clone())
+
+
+def test_td0_value_estimate_without_time_dim():
+    """DQN and CQL call TD(0)'s value_estimate on entries without a time dimension (batch size [] or [1]): TorchRL
+    computes them elementwise, and so do we."""
+    for batch in ([], [1], [5]):
+        g = torch.Generator().manual_seed(len(batch))
+        shape = (*batch, 1) if batch else ()
+        td = TensorDict({"next": {"reward": torch.randn(shape, generator=g),
+                                  "done": torch.rand(shape, generator=g) < 0.5,
+                                  "terminated": torch.rand(shape, generator=g) < 0.5}}, batch_size=batch)
+        next_value = torch.randn(shape, generator=g)
+        ours, theirs = pair("TD0Estimator", value_network=None)
+        mine = ours.value_estimate(td.clone(), next_value=next_value)
+        expected = theirs.value_estimate(td.clone(), next_value=next_value)
+        assert mine.shape == expected.shape and torch.equal(mine, expected), f"batch {batch}: {mine} != {expected}"
+
+
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor")  # TorchRL's torch.tensor(gamma)
+@pytest.mark.parametrize("name,kwargs,match", [
+    ("GAE", {"gamma": 1.5, "lmbda": 0.9}, r"GAE: gamma must lie in \[0.0, 1.0\], got 1.5"),
+    ("GAE", {"gamma": 0.9, "lmbda": -0.1}, r"GAE: lmbda must lie in \[0.0, 1.0\], got -0.1"),
+    ("TDLambdaEstimator", {"gamma": 0.9, "lmbda": float("nan")}, "TDLambdaEstimator: lmbda must lie in"),
+    ("TD0Estimator", {"gamma": torch.tensor(1.01)}, "TD0Estimator: gamma must lie in .* got a value of 1.0099"),
+    ("TD1Estimator", {"gamma": -0.5}, "TD1Estimator: gamma must lie in"),
+    ("MultiAgentGAE", {"gamma": 0.9, "lmbda": 2}, "MultiAgentGAE: lmbda must lie in"),
+], ids=["GAE-gamma", "GAE-lmbda", "TDLambda-lmbda-nan", "TD0-gamma-tensor", "TD1-gamma", "MAGAE-lmbda"])
+def test_constructor_checks_coefficients(name, kwargs, match):
+    """A bad coefficient fails where it is given (TorchRL's constructors accept these and fail, or compute
+    something, at the first call), with a message naming the class and the argument."""
+    getattr(trl_value, name)(**kwargs, value_network=None)  # TorchRL's constructor accepts it
+    with pytest.raises(rtt.InputError, match=match):
+        getattr(rtt, name)(**kwargs, value_network=None)
+
+
+def test_constructor_checks_vtrace_thresholds():
+    actor, critic = _actor_critic()
+    with pytest.raises(rtt.InputError, match=r"VTrace: rho_thresh must be finite and >= 0.0, got -1.0"):
+        rtt.VTrace(gamma=0.9, actor_network=actor, value_network=critic, rho_thresh=-1.0)
+    with pytest.raises(rtt.InputError, match="VTrace: c_thresh must be finite"):
+        rtt.VTrace(gamma=0.9, actor_network=actor, value_network=critic, c_thresh=torch.tensor(float("inf")))
+    # TorchRL's own refusal comes first, with its own error
+    with pytest.raises(NotImplementedError):
+        rtt.VTrace(gamma=torch.full((2,), 0.9), actor_network=actor, value_network=critic)
+
+
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor")  # TorchRL's torch.tensor(gamma)
+@pytest.mark.parametrize("gamma", [0.0, 1.0, torch.tensor(0.99), torch.tensor(0.5, dtype=torch.float64),
+                                   torch.tensor([0.9])],
+                         ids=["0", "1", "tensor", "tensor64", "1-element-tensor"])
+def test_constructor_accepts_what_torchrl_computes(gamma):
+    """Values in range, tensors included, build and give TorchRL's results."""
+    ours, theirs = pair("GAE", gamma=gamma, lmbda=1.0, value_network=None)
+    td = rollout()
+    compare(ours(td.clone()), theirs(td.clone()))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_constructor_does_not_read_cuda_coefficients():
+    """A CUDA coefficient is not read at construction (that would synchronise): out of range, it still builds."""
+    rtt.GAE(gamma=torch.tensor(1.5, device="cuda"), lmbda=0.9, value_network=None)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "torchrl-forward"])
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_errors_name_the_entry(name, direct):
+    """An error of the functional names the tensordict entry that holds the bad tensor, of the same type."""
+    est, _ = pair(name, value_network=None)
+    est.direct_path = direct
+    td = rollout()
+    flag = "terminated" if name == "TD0Estimator" else "done"
+    td["next", flag] = td["next", flag].long()
+    with pytest.raises(TypeError, match=rf"^{name}: \('next', '{flag}'\): {flag} must be a bool tensor"):
+        est(td)
+    td = rollout()
+    td["next", "reward"] = td["next", "reward"].double()
+    with pytest.raises(TypeError, match=rf"^{name}: .*\('next', 'reward'\).*: .*dtype"):
+        est(td)
+
+
+def test_value_estimate_errors_name_the_entry():
+    est, _ = pair("TD0Estimator", value_network=None)
+    td = rollout()
+    td["next", "terminated"] = td["next", "terminated"].long()
+    with pytest.raises(TypeError, match=r"^TD0Estimator: \('next', 'terminated'\): terminated must be a bool"):
+        est.value_estimate(td, next_value=td["next", "state_value"])
+
+
+# -- the coupling to TorchRL fails loudly --------------------------------------------------------------------------
+
+def _fake_methods():
+    """Stand-ins for TorchRL methods that reach a functional in ways re-binding does not replace."""
+    import torchrl.objectives.value.functional as trl_functional
+
+    def local_import(self, td):
+        from torchrl.objectives.value.functional import generalized_advantage_estimate
+
+        return generalized_advantage_estimate
+
+    def attribute(self, td):
+        return trl_functional.generalized_advantage_estimate(0.9, 0.9, td, td, td, td)
+
+    def nested(self, td):
+        return [(lambda: trl_functional.vtrace_advantage_estimate)() for _ in td]
+
+    def decorated_inner(self, td):
+        from torchrl.objectives.value.functional import td0_return_estimate
+
+        return td0_return_estimate
+
+    @functools.wraps(decorated_inner)
+    def decorated(self, td):
+        return decorated_inner(self, td)
+
+    def calls_nothing(self, td):
+        return self._helper(td)
+
+    return {"local-import": local_import, "attribute": attribute, "nested-lambda": nested, "decorated": decorated,
+            "calls-nothing": calls_nothing}
+
+
+@pytest.mark.parametrize("case", ["local-import", "attribute", "nested-lambda", "decorated", "calls-nothing"])
+def test_check_rebound_fails_loudly(case):
+    """A method that reaches a TorchRL functional by attribute or local import (also inside a nested function or
+    through a decorator's closure), or that calls no functional at all, fails the import-time check, naming the
+    method and the functional."""
+    fn = _fake_methods()[case]
+    expected = {"generalized_advantage_estimate"}
+    match = "calls generalized_advantage_estimate" if case == "calls-nothing" else r"Fake\.forward .* reaches"
+    with pytest.raises(rtt.estimators.TorchRLCouplingError, match=match) as info:
+        rtt.estimators.check_rebound("Fake", {"forward": rtt.estimators._rebind(fn)}, expected)
+    assert isinstance(info.value, ImportError)
+
+
+def test_check_rebound_fails_on_a_global_left_to_torchrl():
+    """A global look-up of a functional that is not among the replacements resolves to TorchRL's: an error."""
+    import torchrl.objectives.value.functional as trl_functional
+
+    namespace = {"__name__": "fake_torchrl_module", "td1_advantage_estimate": trl_functional.td1_advantage_estimate}
+    exec("def forward(self, td):\n    return td1_advantage_estimate(0.9, td, td, td, td)\n", namespace)
+    with pytest.raises(rtt.estimators.TorchRLCouplingError, match="looks td1_advantage_estimate up as a global"):
+        rtt.estimators.check_rebound("Fake", {"forward": rtt.estimators._rebind(namespace["forward"])}, set())
+
+
+def test_check_rebound_passes_for_our_classes():
+    for name, expected in rtt.estimators.EXPECTED_FUNCTIONALS.items():
+        cls = getattr(rtt, name)
+        rtt.estimators.check_rebound(name, {"forward": cls._torchrl_forward,
+                                            "value_estimate": cls._torchrl_value_estimate}, expected)
+        with pytest.raises(rtt.estimators.TorchRLCouplingError):  # TorchRL's own methods resolve TorchRL's
+            base = cls.__mro__[2]
+            rtt.estimators.check_rebound(name, {"forward": base.forward, "value_estimate": base.value_estimate},
+                                         expected)
+
+
+def test_patch_refuses_a_missing_attribute(monkeypatch):
+    """One missing place of the table: nothing is patched, and the error names the module and the attribute."""
+    import torchrl.objectives.value.advantages as adv
+
+    before = {name: getattr(adv, name) for name in dir(adv)}
+    monkeypatch.setattr(rtt.patch, "PATCHES", [*rtt.patch.PATCHES,
+                                               ("torchrl.objectives.value.advantages", "no_such_estimator", None)])
+    with pytest.raises(rtt.estimators.TorchRLCouplingError,
+                       match=r"torchrl.objectives.value.advantages has no attribute 'no_such_estimator'"):
+        rtt.patch_torchrl()
+    assert not rtt.patch.is_patched()
+    assert {name: getattr(adv, name) for name in dir(adv)} == before
+    assert all(v.cls.__module__.startswith("torchrl.") for v in _VALUE_ESTIMATOR_REGISTRY.values())
+
+
+def test_dir_lists_the_public_names():
+    names = dir(rtt)
+    for name in rtt.__all__:
+        assert name in names, name
+    assert {"GAE", "VTrace", "patch_torchrl", "functional", "Retrace", "normalize_advantage"} <= set(names)
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_integer_coefficients(name):
+    """TorchRL accepts gamma=1 (an int, kept as an int64 buffer) and computes with it: so do we."""
+    kw = {"gamma": 1, **({"lmbda": 1} if "lmbda" in CLASSES[name] else {})}
+    ours, theirs = getattr(rtt, name)(**kw, value_network=None), getattr(trl_value, name)(**kw, value_network=None)
+    assert ours.gamma.is_floating_point()
+    td = rollout()
+    compare(ours(td.clone()), theirs(td.clone()))
+    with pytest.raises(rtt.InputError, match=f"{name}: gamma must lie in"):
+        getattr(rtt, name)(**{**kw, "gamma": 2}, value_network=None)

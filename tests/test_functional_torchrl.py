@@ -117,14 +117,56 @@ def test_per_step_gamma_tensor(name, ref, order, takes_lmbda, backend):
     _check(name, mine, theirs)
 
 
+def _rolling_gamma_false_oracle(gamma, lmbda, next_state_value, reward, done, terminated):
+    """float64 returns of ``rolling_gamma=False``, written from its definition: the return from step ``k`` uses
+    ``gamma[k]`` (and ``lmbda[k]``) for every step of the remaining trajectory, not the gammas of those steps.
+    Time is dim -2. A terminated step bootstraps nothing; a done step restarts the return at its next value.
+    ``lmbda=None`` is TD(1) as TorchRL defines it there: no bootstrap at the window end (the return starts at 0),
+    a done-but-not-terminated step bootstraps its next value. With ``lmbda``, TD(lambda): the window end
+    bootstraps its (non-terminated) next value."""
+    g, nv, r = (x.double() for x in (gamma, next_state_value, reward))
+    d, term = done, terminated
+    T = r.shape[-2]
+    out = torch.empty_like(r)
+    for k in range(T):
+        gk = g[..., k, :]
+        if lmbda is None:
+            ret = torch.zeros_like(r[..., 0, :])
+            for i in reversed(range(k, T)):
+                follow = torch.where(d[..., i, :] & ~term[..., i, :], nv[..., i, :], ret)
+                ret = r[..., i, :] + torch.where(term[..., i, :], 0.0, gk * follow)
+        else:
+            lk = torch.as_tensor(lmbda, dtype=torch.float64)
+            lk = lk[..., k, :] if lk.dim() else lk
+            boot = torch.where(term, 0.0, nv)
+            ret = boot[..., T - 1, :]
+            for i in reversed(range(k, T)):
+                ret = torch.where(d[..., i, :], boot[..., i, :], ret)
+                ret = r[..., i, :] + gk * ((1 - lk) * boot[..., i, :] + lk * ret)
+        out[..., k, :] = ret
+    return out
+
+
 @pytest.mark.parametrize("name", ["td1_return_estimate", "td_lambda_return_estimate"])
-def test_rolling_gamma_false_runs_torchrl(name):
-    shape = (2, 12, 1)
+def test_rolling_gamma_false(name):
+    """``rolling_gamma=False`` (ours delegates to TorchRL's loop, by design) against the float64 oracle of the
+    definition, with a per-step gamma and flags of every kind (terminations, truncations, a done last step)."""
+    shape = (3, 12, 2)
     x = rollout(shape, seed=4)
-    gamma = (0.9 + 0.1 * torch.rand(shape)).to(DEVICE)
+    x["done"][:, -1] = True
+    x["terminated"][0, -1] = True
+    g = torch.Generator().manual_seed(6)
+    gamma = (0.5 + 0.5 * torch.rand(shape, generator=g)).to(DEVICE)
     lm = [LMBDA] if "lambda" in name else []
     args = [gamma, *lm, x["next_state_value"], x["reward"], x["done"], x["terminated"]]
-    _check(name, getattr(ours, name)(*args, rolling_gamma=False), getattr(trl, name)(*args, rolling_gamma=False))
+    mine = getattr(ours, name)(*args, rolling_gamma=False)
+    expected = _rolling_gamma_false_oracle(gamma, LMBDA if lm else None, x["next_state_value"], x["reward"],
+                                           x["done"], x["terminated"])
+    assert mine.shape == expected.shape
+    assert_close(f"{name}(rolling_gamma=False)", mine, expected.to(mine.dtype))
+    # the definition differs from rolling_gamma=True here (the test would see a mix-up)
+    rolling = getattr(ours, name)(*args)
+    assert not torch.allclose(rolling, mine)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

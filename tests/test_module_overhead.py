@@ -4,7 +4,8 @@
 machinery when the rollout carries its values (``estimators._OurMath._direct_entries`` says when). The direct path
 calls the same functional with the same arguments, so its outputs must equal the re-bound forward's bit for bit
 (``direct_path = False`` forces that one), and TorchRL's class to its tolerance. Also pinned: which path runs when,
-the tensordict left behind (flags completed, nothing else written), errors, grad modes and key caching.
+the tensordict left behind (the outputs, nothing else: no completed flag), errors, grad modes, key caching and the
+TorchRL versions the direct path is enabled for.
 """
 from __future__ import annotations
 
@@ -211,8 +212,10 @@ def test_direct_options(name, option, backend, monkeypatch):
 @pytest.mark.parametrize("name", ["GAE", "TD0Estimator", "TDLambdaEstimator"])
 @pytest.mark.parametrize("missing", ["done", "terminated"])
 def test_flags_completed_like_inherited(name, missing, monkeypatch):
-    """A rollout without done (or terminated) but with truncated: both paths complete it the same way, in place."""
-    td = rollout(pattern="trunc_last")
+    """A rollout without done (or terminated) but with truncated: both paths complete it the same way, without
+    writing the completed flag into the input, and give TorchRL's result on the full rollout."""
+    full = rollout(pattern="trunc_last")
+    td = full.clone()
     del td["next", missing]
     est = build(name)
     direct_td, inherited_td = td.clone(), td.clone()
@@ -222,7 +225,10 @@ def test_flags_completed_like_inherited(name, missing, monkeypatch):
     est(inherited_td)
     assert spy.calls == 1
     assert_identical(direct_td, inherited_td)
-    assert ("next", missing) in direct_td.keys(include_nested=True)
+    assert ("next", missing) not in direct_td.keys(include_nested=True), "the completed flag was written"
+    written = {est.tensor_keys.advantage, est.tensor_keys.value_target}
+    assert set(direct_td.keys(True, True)) == set(td.keys(True, True)) | written
+    compare_torchrl(name, direct_td, full)
 
 
 def test_returns_the_input_tensordict():
@@ -384,27 +390,49 @@ def test_functional_errors_as_inherited(name, case, monkeypatch):
 
 
 def test_key_changes_after_a_call(monkeypatch):
-    """The direct path's key cache follows set_keys and in-place edits of tensor_keys."""
-    est = build("GAE")
+    """The direct path's key cache follows set_keys and in-place edits of tensor_keys: the outputs are TorchRL's
+    class's with the same keys, under the new names only."""
+    est, theirs = build("GAE"), build("GAE", trl_value)
     td = rollout()
     est(td.clone())
     est.set_keys(advantage="adv2")
-    assert "adv2" in est(td.clone()).keys()
-    est.tensor_keys.value_target = "vt2"
-    out = est(td.clone())
-    assert "vt2" in out.keys() and "value_target" not in out.keys()
+    theirs.set_keys(advantage="adv2")
+    out, expected = est(td.clone()), theirs(td.clone())
+    assert "advantage" not in out.keys()
+    assert_close("adv2", out["adv2"], expected["adv2"])
+    est.tensor_keys.value_target = theirs.tensor_keys.value_target = "vt2"
+    out, expected = est(td.clone()), theirs(td.clone())
+    assert set(out.keys()) == set(expected.keys()) and "value_target" not in out.keys()
+    for key in ("adv2", "vt2"):
+        assert_close(key, out[key], expected[key])
 
 
 def test_buffers_read_on_every_call():
     """gamma/lmbda edited in place or loaded between calls are read on the next call (no cached numbers)."""
     est = build("GAE")
     td = rollout()
-    first = est(td.clone())["advantage"]
+    assert_close("advantage", est(td.clone())["advantage"], build("GAE", trl_value)(td.clone())["advantage"])
     est.gamma.fill_(0.5)
     second = est(td.clone())["advantage"]
-    assert not torch.equal(first, second)
+    assert_close("advantage gamma=0.5", second, build("GAE", trl_value, gamma=0.5)(td.clone())["advantage"])
     est.load_state_dict(build("GAE", lmbda=0.5).state_dict())
     third = est(td.clone())["advantage"]
     est.direct_path = False
     assert torch.equal(est(td.clone())["advantage"], third)
-    assert torch.equal(third, build("GAE", lmbda=0.5)(td.clone())["advantage"])
+    assert_close("advantage lmbda=0.5", third, build("GAE", trl_value, lmbda=0.5)(td.clone())["advantage"])
+
+
+@pytest.mark.parametrize("version", ["0.14.1", "0.14.1+cu126", "0.14.2", "0.15.0"])
+def test_direct_path_only_on_verified_versions(version, monkeypatch):
+    """The direct path re-implements TorchRL 0.14.1's forward: on any other version every call runs TorchRL's
+    re-bound forward (same results)."""
+    import torchrl
+
+    monkeypatch.setattr(torchrl, "__version__", version)
+    verified = version.split("+")[0] in rtt.estimators.DIRECT_PATH_VERSIONS
+    assert rtt.estimators.direct_path_verified() == verified
+    spy = Spy(monkeypatch, rtt.GAE)
+    td = rollout()
+    out = build("GAE")(td.clone())
+    assert spy.calls == (0 if verified else 1)
+    compare_torchrl("GAE", out, td)

@@ -265,12 +265,23 @@ def test_retrace_bad_one_hot():
 
 
 def test_retrace_differentiable():
+    """``differentiable=True``: the gradients of the advantage with respect to Q(s, a) and the next expected Q are
+    those through the float64 reference (autograd through ``retrace_ref``), for a random cotangent."""
     td = rollout((2, 8), form="generic")
     q = td["state_action_value"].requires_grad_()
+    nq = td["next", "expected_state_value"].requires_grad_()
     assert not Retrace(gamma=GAMMA)(td.clone())["value_target"].requires_grad
-    out = Retrace(gamma=GAMMA, differentiable=True)(td.clone())
-    out["advantage"].sum().backward()
-    assert q.grad is not None and q.grad.abs().sum() > 0
+    out = Retrace(gamma=GAMMA, lmbda=LMBDA, c_bar=C_BAR, differentiable=True)(td.clone())
+    cotangent = torch.randn(out["advantage"].shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    (out["advantage"] * cotangent).sum().backward()
+    q64, nq64 = (x.detach().double().requires_grad_() for x in (q, nq))
+    log_ratio = (td["target_log_prob"] - td["action_log_prob"]).unsqueeze(-1).double()
+    _, adv_ref, _ = retrace_ref(q64, nq64, td["next", "reward"].double(), td["next", "done"],
+                                td["next", "terminated"], log_ratio=log_ratio, gamma=GAMMA, lmbda=LMBDA,
+                                c_bar=C_BAR, time_dim=1)
+    (adv_ref * cotangent.double()).sum().backward()
+    assert_close("d advantage / d state_action_value", q.grad, q64.grad.float())
+    assert_close("d advantage / d next expected_state_value", nq.grad, nq64.grad.float())
 
 
 # ---------------------------------------------------------------------------------------- EligibilityTraces
@@ -460,3 +471,56 @@ def test_runs_our_kernels(name, monkeypatch):
     monkeypatch.setenv("RL_TRITON_TORCHRL_BACKEND", "nonsense")
     with pytest.raises(ValueError, match="RL_TRITON_TORCHRL_BACKEND"):
         make()(rollout((2, 4), form=form))
+
+
+# ---------------------------------------------------------------------------------------------- shared checks
+
+
+@pytest.mark.parametrize("case", ["retrace-done", "retrace-reward-dtype", "retrace-discrete-dtype", "traces-done",
+                                  "traces-input", "sums-boundary", "sums-input"])
+def test_errors_name_the_entry(case):
+    """A kernel's InputError / TypeError names the tensordict entry that holds the bad tensor (same type)."""
+    module, form = {"retrace": (Retrace(gamma=GAMMA), "generic"), "traces": (EligibilityTraces(gamma=GAMMA,
+                    lmbda=LMBDA), "traces"), "sums": (EpisodicPrefixSum(), "sums")}[case.split("-")[0]]
+    if case == "retrace-discrete-dtype":
+        module, form = Retrace(gamma=GAMMA), "discrete"
+    td = rollout((2, 5), form=form, features=(2,))
+    name = type(module).__name__
+    if case in ("retrace-done", "traces-done", "sums-boundary"):
+        td["next", "done"] = td["next", "done"].long()
+        exc, match = TypeError, rf"^{name}: \('next', 'done'\): .*must be a bool tensor"
+    elif case == "retrace-reward-dtype":
+        td["next", "reward"] = td["next", "reward"].double()
+        exc, match = TypeError, rf"^{name}: .*\('next', 'reward'\).*: .*dtype"
+    elif case == "retrace-discrete-dtype":
+        td["next", "action_value"] = td["next", "action_value"].double()
+        exc, match = TypeError, r"^Retrace: .*\('next', 'action_value'\).*: .*dtype"
+    elif case == "traces-input":
+        td["trace_input"] = td["trace_input"].long()
+        exc, match = TypeError, r"^EligibilityTraces: 'trace_input': x must be a floating-point tensor"
+    else:
+        td["next", "reward"] = td["next", "reward"].long()
+        exc, match = TypeError, r"^EpisodicPrefixSum: \('next', 'reward'\): x must be a floating-point tensor"
+    with pytest.raises(exc, match=match):
+        module(td)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: Retrace(gamma=1.5), r"Retrace: gamma must lie in \[0.0, 1.0\], got 1.5"),
+    (lambda: Retrace(gamma=0.9, lmbda=-0.5), r"Retrace: lmbda must lie in \[0.0, 1.0\], got -0.5"),
+    (lambda: Retrace(gamma=0.9, c_bar=-1.0), r"Retrace: c_bar must be finite and >= 0.0, got -1.0"),
+    (lambda: Retrace(gamma=torch.tensor(float("nan"))), "Retrace: gamma must lie in .* got a value of nan"),
+    (lambda: EligibilityTraces(gamma=0.9, lmbda=1.2), r"EligibilityTraces: lmbda must lie in \[0.0, 1.0\]"),
+], ids=["retrace-gamma", "retrace-lmbda", "retrace-c_bar", "retrace-gamma-tensor", "traces-lmbda"])
+def test_constructor_checks_coefficients(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_constructor_accepts_coefficient_tensors():
+    """In-range tensors (and the boundaries) build and give the reference's numbers."""
+    td = rollout((2, 6), form="generic")
+    out = Retrace(gamma=torch.tensor(GAMMA), lmbda=torch.tensor(LMBDA), c_bar=0.0)(td.clone())
+    expected = retrace_expected(td, 1, c_bar=0.0)
+    assert_close("value_target", out["value_target"], expected[0])
+    EligibilityTraces(gamma=1.0, lmbda=0.0)

@@ -146,6 +146,8 @@ WRAPPER_KINDS = ["T1", "empty_T", "expanded_outer", "transposed", "bfloat16", "z
 def test_torchrl_functionals_odd_input(name, kind, backend):
     algo, call = WRAPPERS[name]
     _, ref, coefs = TABLE[algo]
+    if kind == "zero_dim" and name == "td0_return_estimate":
+        pytest.skip("TD(0) is elementwise: 0-d inputs have TorchRL's value (test_td0_without_time_dim)")
     if kind in INVALID:
         transform, exc, match = INVALID[kind]
         x = transform(make_rollout((3, 9, 1), -2, "random", seed=4))
@@ -162,3 +164,30 @@ def test_torchrl_functionals_odd_input(name, kind, backend):
     expected, _ = ref(x, **coefs)
     for i, (o, e) in enumerate(zip(out, as_tuple(expected))):
         assert_close(f"{name}[{i}]", o, e, x["reward"].dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("advantage", [False, True], ids=["return", "advantage"])
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (2, 3)], ids=["0d", "1", "7", "2x3"])
+def test_td0_without_time_dim(shape, advantage, backend):
+    """TD(0) is elementwise in TorchRL: inputs without a time dimension (0-d, 1-D, as DQN's and CQL's
+    ``td0_return_estimate`` calls on ``(1,)`` tensors) give TorchRL's value, here bit for bit (float32, a float and
+    a 0-d tensor gamma), and the float64 oracle's."""
+    import torchrl.objectives.value.functional as trl
+
+    g = torch.Generator().manual_seed(7)
+    value, next_value, reward = (torch.randn(shape, generator=g) for _ in range(3))
+    done = torch.rand(shape, generator=g) < 0.5
+    terminated = done & (torch.rand(shape, generator=g) < 0.5)
+    for gamma in (0.9, torch.tensor(0.9)):
+        if advantage:
+            ours = F.td0_advantage_estimate(gamma, value, next_value, reward, done, terminated, backend=backend)
+            theirs = trl.td0_advantage_estimate(gamma, value, next_value, reward, done, terminated)
+        else:
+            ours = F.td0_return_estimate(gamma, next_value, reward, terminated, backend=backend)
+            theirs = trl.td0_return_estimate(gamma, next_value, reward, terminated)
+        assert ours.shape == theirs.shape == torch.Size(shape) and ours.dtype == theirs.dtype
+        assert torch.equal(ours, theirs), f"td0 {shape}: {ours} != TorchRL's {theirs}"
+        oracle = reward.double() + 0.9 * (~terminated).double() * next_value.double() - (
+            value.double() if advantage else 0.0)
+        assert_close("td0", ours, oracle.float())
