@@ -87,3 +87,28 @@ def test_assigning_a_launch_constant_moves_the_config_epoch(monkeypatch):
     finally:
         torch.use_deterministic_algorithms(False)
     assert all(hasattr(scan, name) for name in scan._CONFIG_NAMES)
+
+
+@pytest.mark.parametrize("shape,layout,expected", [
+    ((64, 24, 1), "contig", True), ((64, 7, 1), "contig", True), ((64, 128, 1), "contig", False),
+    ((64, 32, 1), "contig", False), ((64, 200, 1), "contig", False), ((64, 24, 3), "contig", False),
+    ((64, 24, 1), "sliced", False), ((64, 24, 1), "time-major", False), ((1, 24, 1), "contig", True)])
+def test_constant_length(shape, layout, expected):
+    """T (and the strides) become compile-time constants only for contiguous rows of adjacent steps whose length
+    Triton's specialization cannot describe (no multiple of 16), up to ``CONSTANT_MAX_T`` steps."""
+    from rl_triton_torchrl.kernels._utils import rows_strides
+
+    x = torch.empty(shape)
+    if layout == "sliced":
+        x = torch.empty(shape[0], shape[1] + 1, shape[2])[:, 1:]
+    elif layout == "time-major":
+        x = torch.empty(shape[1], shape[0], shape[2]).transpose(0, 1)
+    lay = _layout(shape)
+    assert scan._constant_length(lay, [rows_strides(x, lay)[1]]) is expected
+
+
+@pytest.mark.parametrize("T", [1, 3, 5, 8, 24, 63, 100])
+@pytest.mark.parametrize("algo", ["gae", "vtrace", "td_lambda", "retrace", "traces", "sum_at_start"])
+def test_constant_length_kernels_match_reference(algo, T):
+    """Kernels compiled for their sequence length (contiguous [B, T, 1] rows) against float64."""
+    _compare(algo, (5, T, 1), "random", seed=T, with_state=True)

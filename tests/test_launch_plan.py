@@ -261,6 +261,8 @@ CASES = {
                   {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 16}),
     "chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 16, "TILE_ELEMENTS": 32, "WIDE_MAX_ROWS": 0}),
     "wide-chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 8, "WIDE_MAX_T": 16}),
+    # contiguous rows of 20 steps: T and the strides compile-time constants (scan._constant_length)
+    "constant-T": ({"shape": (3, 20, 1)}, lambda x: {}, {}),
 }
 
 
@@ -329,7 +331,7 @@ def test_replay_reads_each_calls_data(stand_ins, monkeypatch):
 
 
 # every algorithm in the common cases, GAE in every other
-NATIVE_CASES = [(algo, case) for algo in TABLE for case in ("contig", "states", "look-back")] + [
+NATIVE_CASES = [(algo, case) for algo in TABLE for case in ("contig", "states", "look-back", "constant-T")] + [
     ("gae", case) for case in ("time-major", "broadcast", "float64", "bfloat16", "states-float64", "chunks",
                                "wide-chunks")]
 

@@ -39,7 +39,8 @@ def _signature(kernel: JITFunction, kwargs: dict):
     sig, constexprs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         value = kwargs[name]
-        if i in kernel.constexprs or value is None:
+        # (a tl.constexpr value passed to a runtime parameter is a constant too: scan._constant_length)
+        if i in kernel.constexprs or value is None or isinstance(value, triton.language.constexpr):
             sig[name] = "constexpr"
             constexprs[(i,)] = value
         elif isinstance(value, torch.Tensor):

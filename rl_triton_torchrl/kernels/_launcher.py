@@ -12,7 +12,7 @@ CUDA graph capture included), as ``JITFunction.run`` does when no launch hook is
 
 The key holds everything Triton 3.6 specializes a kernel on, or more (a finer key only costs a plain call):
 
-- a constexpr parameter: its value and type;
+- a constexpr parameter, or a ``tl.constexpr`` value passed to any parameter: its value and type;
 - a tensor: its dtype and whether its data pointer is 16-byte aligned;
 - an int: equal to 1 (a compile-time constant to Triton), divisible by 16, and its integer type (i32, i64, u64);
 - a float, bool or None: its type (Triton passes floats as fp32 and makes None a constant);
@@ -51,6 +51,7 @@ try:
     from triton.runtime.jit import JITFunction
 except ImportError:  # no Triton, or another one: every call takes the plain path
     triton = knobs = driver = JITFunction = None
+_CONSTEXPR = getattr(getattr(triton, "language", None), "constexpr", None)
 
 __all__ = ["LEAN_LAUNCH", "VERIFIED_TRITON", "Launcher", "NativeLaunch", "Specializer", "launcher", "replay",
            "verified_triton"]
@@ -129,6 +130,8 @@ class _Plan(NamedTuple):
 
     @classmethod
     def of(cls, types: tuple, constexpr: tuple[int, ...], number: int) -> _Plan:
+        # a ``tl.constexpr`` value passed to a runtime parameter is a compile-time constant too (Triton's rule)
+        constexpr = tuple(sorted({*constexpr, *(i for i, t in enumerate(types) if t is _CONSTEXPR)}))
         runtime = [(i, t) for i, t in enumerate(types) if i not in constexpr]
         for _, t in runtime:
             if not (t in (int, float, bool, type(None)) or issubclass(t, torch.Tensor)):

@@ -88,6 +88,9 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # GAE 21.6 -> 13.8 µs (4 warps). V-trace keeps tiles of up to 1024 steps (its registers: 512 x 2048 23 µs, was 50).
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_MAX_T_PER_KERNEL = {"_vtrace_fwd_kernel": 1024}
+# Contiguous rows of at most CONSTANT_MAX_T steps whose length is no multiple of 16 are compiled for their length
+# (``_constant_length``): vector loads and stores where Triton would otherwise emit 4-byte ones.
+CONSTANT_MAX_T = 128
 # Reverse scans of tiles exactly WARP_LOCAL_T steps wide (32 lanes x 4 steps: one warp per row) reverse the tile
 # themselves and scan forward (see scan_tile_enter). For narrower tiles Triton's gather first moves the tile into a
 # layout of its own through shared memory (16-64 steps: more SASS instructions than its reverse scan), and at 4
@@ -571,6 +574,18 @@ def flag_constexprs(inputs: dict, constexprs: dict) -> dict:
     return constexprs
 
 
+def _constant_length(layout: Layout, strides: list) -> bool:
+    """Whether a launch passes T and the inputs' strides as compile-time constants (one compiled kernel per T):
+    rows of at most ``CONSTANT_MAX_T`` steps whose length is not a multiple of 16, every input contiguous with the
+    time steps adjacent (``inner`` = 1). Triton specializes a runtime int only on being divisible by 16, so the
+    rows of such a T (24: Isaac Lab's default) start at addresses it cannot prove aligned, and the tile masks
+    ``t < T`` have no constant runs: every load and store is a 4-byte access (sm_90 SASS of GAE at 65536 x 24: 20
+    scalar LDG, 96 registers, 624 instructions; at 32 steps: 128-bit accesses, 40 registers, 344). With T a constant
+    the compiler sees both."""
+    return (layout.inner == 1 and layout.T % 16 != 0 and layout.T <= CONSTANT_MAX_T
+            and all(st == layout.contiguous_strides for st in strides))
+
+
 def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict | None = None,
            initial_state=None, output_final_state: bool = False, finite_a: bool = False, **constexprs):
     """Launches an algorithm kernel over ``layout``; returns the final-state buffer (or None).
@@ -620,10 +635,18 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
             if done:
                 return ht
     kwargs, slots, numbers = {}, [], []  # slots: the parameters that change from call to call, in _plan_key order
+    strides = []
     for name, x in inputs.items():
         p_x, p_o, p_t, p_i, _ = _param_names(name)
-        kwargs[p_x], (kwargs[p_o], kwargs[p_t], kwargs[p_i]) = rows_strides(x, layout)
+        kwargs[p_x], strides_x = rows_strides(x, layout)
+        kwargs[p_o], kwargs[p_t], kwargs[p_i] = strides_x
+        strides.append(strides_x)
         slots.append(p_x)
+    fixed_t = _constant_length(layout, strides)
+    if fixed_t:  # T and the inputs' strides as compile-time constants (see _constant_length)
+        for name in inputs:
+            _, p_o, p_t, p_i, _ = _param_names(name)
+            kwargs[p_o], kwargs[p_t], kwargs[p_i] = map(tl.constexpr, (kwargs[p_o], kwargs[p_t], kwargs[p_i]))
     for name, y in outputs.items():
         kwargs[_param_names(name)[0]] = y
         slots.append(_param_names(name)[0])
@@ -658,7 +681,8 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         slots.append("lb_ptr")
     kwargs = dict(
         **kwargs, h0_ptr=h0, ht_ptr=ht, lb_ptr=lb, HAS_INITIAL_STATE=h0 is not None,
-        STORE_FINAL_STATE=output_final_state, n_rows=layout.rows, inner=layout.inner, T=layout.T,
+        STORE_FINAL_STATE=output_final_state, n_rows=layout.rows, inner=layout.inner,
+        T=tl.constexpr(layout.T) if fixed_t else layout.T,
         ACC=triton_dtype(layout.acc_dtype),
         CUT_A=not (finite_a and all_numbers), **cfg, **constexprs,
     )
@@ -713,7 +737,7 @@ _CONFIG_NAMES = frozenset({
     "launch_config", "MAX_BLOCK_T", "TILE_ELEMENTS", "LOOKBACK_MIN_T", "LOOKBACK_MAX_ROWS", "LOOKBACK_BLOCK_T",
     "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
     "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS", "WIDE_MAX_ROWS", "WIDE_MAX_T",
-    "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL"})
+    "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL", "CONSTANT_MAX_T"})
 _CONFIG_EPOCH = 0
 
 
