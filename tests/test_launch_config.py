@@ -91,7 +91,7 @@ def test_assigning_a_launch_constant_moves_the_config_epoch(monkeypatch):
 
 @pytest.mark.parametrize("shape,layout,expected", [
     ((64, 24, 1), "contig", True), ((64, 7, 1), "contig", True), ((64, 128, 1), "contig", False),
-    ((64, 32, 1), "contig", False), ((64, 200, 1), "contig", False), ((64, 24, 3), "contig", False),
+    ((64, 32, 1), "contig", False), ((64, 200, 1), "contig", True), ((2, 5000, 1), "contig", False), ((64, 24, 3), "contig", False),
     ((64, 24, 1), "sliced", False), ((64, 24, 1), "time-major", False), ((1, 24, 1), "contig", True)])
 def test_constant_length(shape, layout, expected):
     """T (and the strides) become compile-time constants only for contiguous rows of adjacent steps whose length

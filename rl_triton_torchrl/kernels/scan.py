@@ -89,8 +89,10 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_MAX_T_PER_KERNEL = {"_vtrace_fwd_kernel": 1024}
 # Contiguous rows of at most CONSTANT_MAX_T steps whose length is no multiple of 16 are compiled for their length
-# (``_constant_length``): vector loads and stores where Triton would otherwise emit 4-byte ones.
-CONSTANT_MAX_T = 128
+# (``_constant_length``): vector loads and stores where Triton would otherwise emit 4-byte ones (sm_90 SASS of GAE:
+# 65536 x 24 624 -> 272 instructions, 4096 x 1000 448 -> 272). One compiled kernel per such length; longer
+# sequences run in look-back chunks, whose starts are aligned anyway.
+CONSTANT_MAX_T = 4096
 # Reverse scans of tiles exactly WARP_LOCAL_T steps wide (32 lanes x 4 steps: one warp per row) reverse the tile
 # themselves and scan forward (see scan_tile_enter). For narrower tiles Triton's gather first moves the tile into a
 # layout of its own through shared memory (16-64 steps: more SASS instructions than its reverse scan), and at 4
