@@ -63,3 +63,25 @@ def case_id(shape, time_dim, pattern="", extra=""):
     s = "x".join(map(str, shape)) if shape else "scalar"
     parts = [f"S{s}", f"tdim{time_dim}"] + [p for p in (pattern, extra) if p]
     return "-".join(parts)
+
+
+def windows(t: torch.Tensor, W: int) -> torch.Tensor:
+    """A ``[B, T, *rest]`` tensor (time in dim 1, T a multiple of W) as ``[B * T // W, W, *rest]``: each run of W
+    consecutive steps of a row becomes a row of its own."""
+    return t.reshape(t.shape[0] * (t.shape[1] // W), W, *t.shape[2:])
+
+
+def window_states(state: torch.Tensor, h0: torch.Tensor, W: int, reverse: bool) -> torch.Tensor:
+    """The state entering each row of ``windows(., W)``, for a reference run on the windows.
+
+    ``state`` ``[B, T, *rest]`` holds per step t the state step t passes on (reverse scans: to step t - 1; forward
+    ones: to t + 1), taken from the outputs under test; the window at the end of a sequence (reverse) or at its start
+    (forward) enters with the sequence's own ``h0`` ``[B, *rest]``. A reference run on windows that enter with these
+    states checks every window of the outputs against the recurrence, each from the outputs' value at its edge: an
+    oracle for sequences too long for a float64 loop over all their steps (the windows run as rows, at once).
+    """
+    if reverse:  # window k enters with the state of step (k + 1) W, the first of the window after it
+        s = torch.cat([state[:, W::W], h0[:, None]], 1)
+    else:  # window k enters with the state leaving step k W - 1, the last of the window before it
+        s = torch.cat([h0[:, None], state[:, W - 1:-1:W]], 1)
+    return s.reshape(-1, *s.shape[2:])

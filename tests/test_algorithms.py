@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, flags, randn
+from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, flags, randn, window_states, windows
 from rl_triton_torchrl import kernels as K
 from rl_triton_torchrl.kernels import reference as R
 
@@ -48,8 +48,7 @@ def _discounted(x, **kw):
 
 
 def _discounted_ref(x, **kw):
-    ret, h = R.td_lambda_return_ref(x["reward"], None, x["done"], None, lmbda=1.0, done_or_terminated=True, **kw)
-    return ret, h
+    return R.discounted_return_ref(x["reward"], x["done"], output_final_state=True, **kw)
 
 
 def _discounted_boot(x, **kw):
@@ -58,8 +57,8 @@ def _discounted_boot(x, **kw):
 
 
 def _discounted_boot_ref(x, **kw):
-    return R.td_lambda_return_ref(x["reward"], x["next_value"], x["done"], x["terminated"], lmbda=1.0,
-                                  done_or_terminated=True, **kw)
+    return R.discounted_return_ref(x["reward"], x["done"], next_state_value=x["next_value"],
+                                   terminated=x["terminated"], output_final_state=True, **kw)
 
 
 # name -> (call(inputs, **kw), reference(inputs, **kw) -> (outputs, final state), takes lmbda)
@@ -68,7 +67,7 @@ ALGOS = {
     "td_lambda": (*_td(None), True),
     "td_lambda_adv": (*_td(None, advantage=True), True),
     "td0": (*_td(0.0), False),
-    "td1": (*_td(1.0, done_or_terminated=True), False),
+    "td1": (_td(1.0, done_or_terminated=True)[0], _discounted_boot_ref, False),  # TD(1): the discounted return
     "discounted": (_discounted, _discounted_ref, False),
     "discounted_boot": (_discounted_boot, _discounted_boot_ref, False),
 }
@@ -217,21 +216,37 @@ def test_empty(algo, backend):
     assert torch.equal(h, h0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (too slow for the interpreter)")
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (too slow for the interpreter)")
+# (shape, window): a million steps in one row, 16 rows of 65536 (both in the look-back mode on a GPU), and a short
+# case that runs everywhere (it checks the windowed oracle itself)
+VERY_LONG = [pytest.param((1, 2**20, 1), 4096, marks=GPU, id="B1-T2^20"),
+             pytest.param((16, 2**16, 1), 4096, marks=GPU, id="B16-T2^16"),
+             pytest.param((2, 512, 1), 128, id="B2-T512")]
+# per algorithm: the state each step passes on to the step before it, from the outputs and inputs
+PASSED_ON = {"gae": lambda out, x: out[0], "td_lambda": lambda out, x: out[0], "discounted": lambda out, x: out[0]}
+
+
+@pytest.mark.parametrize("pattern", ["random", "none"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-@pytest.mark.parametrize("algo", ["gae", "td_lambda", "discounted"])
-@pytest.mark.parametrize("shape", [(1, 2**20, 1), (16, 2**16, 1)], ids=["B1-T2^20", "B16-T2^16"])
+@pytest.mark.parametrize("algo", list(PASSED_ON))
+@pytest.mark.parametrize("shape,window", VERY_LONG)
 @pytest.mark.triton
-def test_very_long_sequence_gpu(algo, shape, dtype):
-    """Against the float64 torch path on the CPU (itself checked against the reference above): a Python loop
-    over a million steps would take minutes."""
-    call, _, takes_lmbda = ALGOS[algo]
+def test_very_long_sequence(algo, shape, window, dtype, pattern):
+    """Long sequences with a carried state, against the float64 reference run on windows of ``window`` steps, each
+    entering with the outputs' state at its edge (``_helpers.window_states``): every window is checked against the
+    recurrence, without a float64 loop over a million steps."""
+    call, ref, takes_lmbda = ALGOS[algo]
     kw = {"gamma": GAMMA, **({"lmbda": LMBDA} if takes_lmbda else {})}
-    x = make_inputs(shape, -2, "random", dtype=dtype)
-    out = call(x, backend="triton", **kw)
-    expected = call({k: (v.cpu().double() if v.is_floating_point() else v.cpu()) for k, v in x.items()},
-                    backend="torch", **kw)
-    out = out if isinstance(out, tuple) else (out,)
+    x = make_inputs(shape, -2, pattern, dtype=dtype)
+    h0 = randn((shape[0], shape[2]), torch.Generator().manual_seed(7), dtype)
+    *out, h = call(x, backend="triton", initial_state=h0, output_final_state=True, **kw)
+    out = [o.cpu().double() for o in out]
+    cpu = {k: windows(v.cpu().double() if v.is_floating_point() else v.cpu(), window) for k, v in x.items()}
+    states = window_states(PASSED_ON[algo](out, x).cpu().double(), h0.cpu().double(), window, reverse=True)
+    expected, h_expected = ref(cpu, initial_state=states, **kw)
     expected = expected if isinstance(expected, tuple) else (expected,)
     for i, (o, e) in enumerate(zip(out, expected)):
-        assert_close(f"{algo}[{i}]", o, e, dtype)
+        assert_close(f"{algo}[{i}] (rows of {window}-step windows)", windows(o, window), e, dtype)
+    # the final state is the first window's
+    assert_close(f"{algo} final state", h, h_expected.reshape(shape[0], -1, shape[2])[:, 0], torch.float32
+                 if dtype != torch.float64 else dtype)

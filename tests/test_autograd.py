@@ -16,6 +16,8 @@ import torchrl.objectives.value.functional as trl
 from _helpers import BACKENDS, DEVICE, assert_close, flags, randn
 import rl_triton_torchrl.functional as ours
 from rl_triton_torchrl import kernels as K
+from rl_triton_torchrl.kernels import reference as R
+from rl_triton_torchrl.kernels import scan
 
 CASES = {
     "gae": (lambda m, x, g, lm: m.generalized_advantage_estimate(g, lm, x["v"], x["nv"], x["r"], x["d"], x["t"])),
@@ -40,7 +42,9 @@ def test_gradients_match_torchrl(algo, backend):
         g = gamma.clone().requires_grad_()
         with warnings.catch_warnings():
             if name == "ours":
-                warnings.simplefilter("error", UserWarning)  # no fallback warning: the requested path runs
+                # no fallback warning of ours: the requested path runs (Triton's own warnings, such as 3.9's about
+                # its FP-fusion default on the first compilation, are not ours)
+                warnings.filterwarnings("error", category=UserWarning, module="rl_triton_torchrl")
             out = CASES[algo](module, x, g, 0.9)
         out = out if isinstance(out, tuple) else (out,)
         sum((o * weights).sum() for o in out).backward()
@@ -66,8 +70,6 @@ class _Backend:
 @pytest.mark.triton
 def test_no_grad_keeps_the_fused_kernel(monkeypatch):
     """Under no_grad nothing needs a gradient: the fused kernel runs, not the scan op."""
-    from rl_triton_torchrl.kernels import scan
-
     def fail(*args, **kwargs):
         raise AssertionError("the scan op ran")
 
@@ -82,21 +84,37 @@ def test_no_grad_keeps_the_fused_kernel(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------------------------
 # gradcheck: float64, every algorithm, every differentiable input (values, rewards, log-probabilities, Q values,
-# tensor gamma/lambda/thresholds, carried states), with random done/terminated flags crossing several tiles.
+# tensor gamma/lambda/thresholds, carried states), with done/terminated flags inside and at the edges of tiles; the
+# rows cross chunks (``grad_tiles``). Float64 never takes the look-back mode (its status words hold
+# float32): there the float32 gradients are compared with autograd through the float64 references instead.
 # ---------------------------------------------------------------------------------------------------------------
 
-SHAPE = (2, 7, 1)
+SHAPE = (2, 10, 1)
 
 
-def _rollout(seed=0):
+@pytest.fixture
+def grad_tiles(monkeypatch):
+    """Tiles of 4 steps: 10 steps are two full tiles and a partial one (the torch path's own chunks are 2 steps at
+    T = 10). Small, as gradcheck calls the function twice per element (the interpreter runs every chunk of every
+    program one after another: both rows share one program)."""
+    monkeypatch.setattr(scan, "MAX_BLOCK_T", 4)
+    monkeypatch.setattr(scan, "TILE_ELEMENTS", 8)
+    monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)  # row tiles, not one wide tile per row
+    yield
+
+
+def _rollout(seed=0, shape=SHAPE, dtype=torch.float64):
     gen = torch.Generator().manual_seed(seed)
-    done, term = flags(SHAPE, "random", gen)
+    done, term = flags(shape, "random", gen)
     done[0, 3], term[0, 3] = True, False  # a truncation and a termination in every case
     done[1, 2], term[1, 2] = True, True
-    f = {k: randn(SHAPE, gen, torch.float64) for k in ("r", "v", "nv", "lpi", "lmu", "x")}
-    f["gamma"] = (0.8 + 0.15 * torch.rand(SHAPE, generator=gen, dtype=torch.float64)).to(DEVICE)
-    f["lmbda"] = (0.5 + 0.4 * torch.rand(SHAPE, generator=gen, dtype=torch.float64)).to(DEVICE)
-    f["h0"] = randn(SHAPE[:1] + SHAPE[2:], gen, torch.float64)
+    if shape[1] > 8:  # a truncation at the last step of a tile (of 4 and of 8), a termination at the first
+        done[0, 7], term[0, 7] = True, False
+        done[1, 4], term[1, 4] = True, True
+    f = {k: randn(shape, gen, dtype) for k in ("r", "v", "nv", "lpi", "lmu", "x")}
+    f["gamma"] = (0.8 + 0.15 * torch.rand(shape, generator=gen, dtype=torch.float64)).to(dtype).to(DEVICE)
+    f["lmbda"] = (0.5 + 0.4 * torch.rand(shape, generator=gen, dtype=torch.float64)).to(dtype).to(DEVICE)
+    f["h0"] = randn(shape[:1] + shape[2:], gen, dtype)
     return f, done, term
 
 
@@ -138,9 +156,11 @@ GRAD_CASES = {
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algo", list(GRAD_CASES))
-def test_gradcheck(algo, backend, small_tiles):
-    """Analytical gradients (the backward scan) against finite differences; the small tiles make the rows cross
-    chunks, so the backward's carries between chunks are exercised too."""
+def test_gradcheck(algo, backend, grad_tiles):
+    """Analytical gradients (the backward scan) against finite differences; the tiles make the rows cross chunks,
+    so the backward's carries between chunks are exercised too."""
+    cfg = scan.launch_config(scan._rows_layout(torch.empty(SHAPE[:2])))
+    assert (cfg["grid"], cfg["BLOCK_T"], cfg["LOOKBACK"]) == ((1,), 4, 0), cfg
     fn, names = GRAD_CASES[algo]
     f, done, term = _rollout()
     leaves = [f[k].clone().requires_grad_() for k in names]
@@ -153,10 +173,66 @@ def test_gradcheck(algo, backend, small_tiles):
     assert torch.autograd.gradcheck(call, leaves, eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
+# name -> the float64 reference of GRAD_CASES[name]: the same outputs, from the same tensors
+GRAD_REFS = {
+    "linear_scan": lambda f, d, t: R.linear_scan_ref(f["lmbda"], f["x"], reverse=True, initial_state=f["h0"]),
+    "linear_scan_fwd": lambda f, d, t: R.linear_scan_ref(f["lmbda"], f["x"], initial_state=f["h0"]),
+    "gae": lambda f, d, t: R.gae_ref(f["r"], f["v"], f["nv"], d, t, gamma=f["gamma"], lmbda=f["lmbda"],
+                                     initial_state=f["h0"]),
+    "td_lambda": lambda f, d, t: (R.td_lambda_return_ref(f["r"], f["nv"], d, t, gamma=f["gamma"],
+                                                         lmbda=f["lmbda"])[0] - f["v"].double(),),
+    "td_lambda_state": lambda f, d, t: R.td_lambda_return_ref(f["r"], f["nv"], d, t, gamma=f["gamma"], lmbda=0.9,
+                                                              initial_state=f["h0"]),
+    "discounted": lambda f, d, t: (R.discounted_return_ref(f["r"], d, gamma=f["gamma"]),),
+    "vtrace": lambda f, d, t: R.vtrace_ref(f["lpi"], f["lmu"], f["v"], f["nv"], f["r"], d, t, gamma=f["gamma"],
+                                           rho_thresh=1.0, c_thresh=1.0, initial_state=f["h0"]),
+    "retrace": lambda f, d, t: R.retrace_ref(f["v"], f["nv"], f["r"], d, t, log_ratio=f["lpi"], gamma=f["gamma"],
+                                             lmbda=f["lmbda"], c_bar=1.0, initial_state=f["h0"]),
+    "prefix_sum": lambda f, d, t: R.episodic_prefix_sum_ref(f["x"], d, reset="after_done", discount=f["gamma"],
+                                                            initial_state=f["h0"]),
+    "traces": lambda f, d, t: R.eligibility_traces_ref(f["x"], d, gamma=f["gamma"], lmbda=f["lmbda"])[:1],
+}
+
+
+@pytest.fixture
+def lookback_chunks(monkeypatch):
+    """Every scan in look-back mode, in chunks of 16 steps (three per 40-step row), only every third chunk
+    publishing its leaving state (the look-back composes aggregates across windows of two: see test_launch_modes)."""
+    monkeypatch.setattr(scan, "LOOKBACK_MIN_T", 0)
+    monkeypatch.setattr(scan, "LOOKBACK_MAX_ROWS", 10**9)
+    monkeypatch.setattr(scan, "LOOKBACK_BLOCK_T", 16)
+    monkeypatch.setattr(scan, "LOOKBACK_SEGMENTED", frozenset())
+    monkeypatch.setattr(scan, "LOOKBACK_WINDOW", -2)
+    yield
+
+
+@pytest.mark.parametrize("algo", list(GRAD_CASES))
+def test_gradients_in_lookback_mode(algo, lookback_chunks):
+    """The scan op in look-back mode, forward and backward (the backward of a reverse scan is a forward one):
+    float32 gradients of every differentiable input against autograd through the float64 reference."""
+    fn, names = GRAD_CASES[algo]
+    shape = (2, 40, 1)
+    assert scan.launch_config(scan._rows_layout(torch.empty(shape[:2])))["LOOKBACK"] == -2
+    f, done, term = _rollout(2, shape, torch.float32)
+    gen = torch.Generator().manual_seed(5)
+    grads = {}
+    for name, dtype in (("ours", torch.float32), ("reference", torch.float64)):
+        leaves = {k: f[k].to(dtype).clone().requires_grad_() for k in names}
+        g = dict(f, **leaves)
+        out = fn(g, done, term, backend="triton") if name == "ours" else GRAD_REFS[algo](g, done, term)
+        out = out if isinstance(out, tuple) else (out,)
+        if name == "ours":
+            weights = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(DEVICE) for o in out]
+        sum((o.double() * w).sum() for o, w in zip(out, weights)).backward()
+        grads[name] = {k: leaves[k].grad for k in names}
+    for k in names:
+        assert_close(f"{algo} d/d{k}", grads["ours"][k], grads["reference"][k], torch.float32)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_second_order(backend):
     """The backward is built from the same differentiable op, so gradients of gradients exist and are right."""
-    f, done, term = _rollout(1)
+    f, done, term = _rollout(1, (2, 7, 1))
     leaves = [f[k].clone().requires_grad_() for k in ("r", "v", "lmbda")]
 
     def call(r, v, lmbda):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _helpers import BACKENDS, DEVICE, assert_close, case_id, randn
+from _helpers import BACKENDS, DEVICE, assert_close, case_id, randn, window_states, windows
 from test_algorithms import make_inputs
 from rl_triton_torchrl.kernels.reference import eligibility_traces_ref, episodic_prefix_sum_ref
 from rl_triton_torchrl.kernels._utils import check_inputs, rows_strides
@@ -271,12 +271,22 @@ def test_conventions_agree(backend):
     is_init = torch.zeros_like(done)
     is_init[:, 1:] = done[:, :-1]
     h0 = _state((3, 63, 4), -2)
-    a = episodic_prefix_sum(r, done, reset="after_done", discount=0.9, initial_state=h0, backend=backend)
-    b = episodic_prefix_sum(r, is_init, reset="at_start", discount=0.9, initial_state=h0, backend=backend)
-    assert_close("after_done vs at_start", a, b.double())
-    e = eligibility_traces(r, done, gamma=0.9, lmbda=0.5, initial_state=h0, backend=backend)
-    s = episodic_prefix_sum(r, done, reset="after_done", discount=0.45, initial_state=h0, backend=backend)
-    assert_close("traces vs prefix sum", e, s.double())
+    expected, _ = episodic_prefix_sum_ref(r, done, reset="after_done", discount=0.9, initial_state=h0)
+    # the oracle has the property: is_init flags give the same sums, and traces are the decayed prefix sum
+    assert_close("reference at_start", episodic_prefix_sum_ref(r, is_init, reset="at_start", discount=0.9,
+                                                               initial_state=h0)[0], expected)
+    expected_e, _ = eligibility_traces_ref(r, done, gamma=0.9, lmbda=0.5, initial_state=h0)
+    assert_close("reference traces", episodic_prefix_sum_ref(r, done, reset="after_done", discount=0.45,
+                                                             initial_state=h0)[0], expected_e)
+    # and each call is the oracle's answer
+    assert_close("after_done", episodic_prefix_sum(r, done, reset="after_done", discount=0.9, initial_state=h0,
+                                                   backend=backend), expected)
+    assert_close("at_start", episodic_prefix_sum(r, is_init, reset="at_start", discount=0.9, initial_state=h0,
+                                                 backend=backend), expected)
+    assert_close("traces", eligibility_traces(r, done, gamma=0.9, lmbda=0.5, initial_state=h0, backend=backend),
+                 expected_e)
+    assert_close("prefix sum 0.45", episodic_prefix_sum(r, done, reset="after_done", discount=0.45,
+                                                        initial_state=h0, backend=backend), expected_e)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -342,20 +352,36 @@ def test_bad_inputs(backend):
         psum(r, done, discount=torch.ones(2, 5, 4, dtype=torch.long, device=DEVICE))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (too slow for the interpreter)")
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (too slow for the interpreter)")
+# (shape, window): a million steps in one row, 16 rows of 65536, 64 features of 16384 steps (on a GPU), and a short
+# case that runs everywhere (it checks the windowed oracle itself)
+VERY_LONG = [pytest.param((1, 2**20, 1), 4096, marks=GPU, id="B1-T2^20"),
+             pytest.param((16, 2**16, 1), 4096, marks=GPU, id="B16-T2^16"),
+             pytest.param((4, 2**14, 64), 4096, marks=GPU, id="B4-T2^14-F64"),
+             pytest.param((2, 512, 3), 128, id="B2-T512-F3")]
+# per algorithm: the state each step passes on to the next one (the reset after a done step applied, or not)
+PASSED_ON = {"traces": lambda out, x: torch.where(x["done"].cpu(), 0.0, out),
+             "sum_after_done": lambda out, x: torch.where(x["done"].cpu(), 0.0, out),
+             "disc_at_start": lambda out, x: out}
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-@pytest.mark.parametrize("algo", ["traces", "sum_after_done", "disc_at_start"])
-@pytest.mark.parametrize("shape", [(1, 2**20, 1), (16, 2**16, 1), (4, 2**14, 64)],
-                         ids=["B1-T2^20", "B16-T2^16", "B4-T2^14-F64"])
+@pytest.mark.parametrize("algo", list(PASSED_ON))
+@pytest.mark.parametrize("shape,window", VERY_LONG)
 @pytest.mark.triton
-def test_very_long_sequence_gpu(algo, shape, dtype):
-    """Against the float64 torch path on the CPU (itself checked against the reference above): a Python loop
-    over a million steps would take minutes. Flags shared over F by a stride-0 expand, a carried state in and out."""
-    call, _, kw = ALGOS[algo]
+def test_very_long_sequence(algo, shape, window, dtype):
+    """Long sequences, flags shared over F by a stride-0 expand, a carried state in and out, against the float64
+    reference run on windows of ``window`` steps, each entering with the outputs' state at its edge
+    (``_helpers.window_states``): every window is checked against the recurrence, without a float64 loop over a
+    million steps."""
+    call, ref, kw = ALGOS[algo]
     x = _shared_done(make_inputs(shape, -2, "random", dtype=dtype))
     h0 = _state(shape, -2).to(dtype)
     out, h = call(x, backend="triton", initial_state=h0, output_final_state=True, **kw)
-    cpu = {k: (v.cpu().double() if v.is_floating_point() else v.cpu()) for k, v in x.items()}
-    expected, h_expected = call(cpu, backend="torch", initial_state=h0.cpu().double(), output_final_state=True, **kw)
-    assert_close(algo, out, expected, dtype)
-    assert_close(f"{algo} final state", h, h_expected, dtype)
+    out = out.cpu().double()
+    cpu = {k: windows(v.cpu().double() if v.is_floating_point() else v.cpu(), window) for k, v in x.items()}
+    states = window_states(PASSED_ON[algo](out, x), h0.cpu().double(), window, reverse=False)
+    expected, h_expected = ref(cpu, initial_state=states, **kw)
+    assert_close(f"{algo} (rows of {window}-step windows)", windows(out, window), expected, dtype)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    assert_close(f"{algo} final state", h, h_expected.reshape(shape[0], -1, shape[2])[:, -1], acc)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
-from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, randn
+from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, randn, window_states, windows
 from test_algorithms import make_inputs
 from rl_triton_torchrl.kernels import reference as R
 from rl_triton_torchrl.kernels.retrace import retrace, retrace_discrete
@@ -237,9 +237,12 @@ def test_done_isolates_episodes(algo, backend):
     y = {k: (v.clone() if v.is_floating_point() else v) for k, v in x.items()}
     for k in ("reward", "value", "next_value", "log_pi", "log_mu", "log_ratio"):
         y[k][:, 12:] += 10.0
-    out_x, out_y = call(x, backend=backend, **kw), call(y, backend=backend, **kw)
-    for i, (a, b) in enumerate(zip(out_x, out_y)):
-        assert_close(f"{algo}[{i}] up to the truncation", a[:, :12], b[:, :12])
+    (ref_x, _), (ref_y, _) = ALGOS[algo][1](x, **kw), ALGOS[algo][1](y, **kw)
+    for i, (a, b) in enumerate(zip(ref_x, ref_y)):  # the oracle has the property
+        assert_close(f"{algo} reference[{i}] up to the truncation", a[:, :12], b[:, :12])
+    for name, rollout, expected in (("x", x, ref_x), ("y", y, ref_y)):  # and each call is the oracle's answer
+        for i, (o, e) in enumerate(zip(call(rollout, backend=backend, **kw), expected)):
+            assert_close(f"{algo}[{i}] on {name}", o, e)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -253,10 +256,14 @@ def test_window_end_is_truncation(algo, backend):
     trunc["done"][:, -1], trunc["terminated"][:, -1] = True, False
     plain = dict(x, terminated=trunc["terminated"])
     zero = torch.zeros(_state_for(algo, x, -2, 0).shape, device=DEVICE)
-    for i, (a, b, c) in enumerate(zip(call(plain, backend=backend, **kw), call(trunc, backend=backend, **kw),
-                                      call(plain, backend=backend, initial_state=zero, **kw))):
-        assert_close(f"{algo}[{i}]", a, b)
-        assert_close(f"{algo}[{i}] zero state", c, a)
+    ref = ALGOS[algo][1]
+    expected, _ = ref(trunc, **kw)
+    for i, (a, b, c) in enumerate(zip(ref(plain, **kw)[0], expected, ref(plain, initial_state=zero, **kw)[0])):
+        assert_close(f"{algo} reference[{i}] window end vs truncation", a, b)  # the oracle has the property
+        assert_close(f"{algo} reference[{i}] zero state", c, b)
+    for name, rollout, state in (("plain", plain, None), ("truncated", trunc, None), ("zero state", plain, zero)):
+        for i, (o, e) in enumerate(zip(call(rollout, backend=backend, initial_state=state, **kw), expected)):
+            assert_close(f"{algo}[{i}] {name}", o, e)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -273,6 +280,54 @@ def test_empty(algo, backend):
     h0 = torch.randn(3, 1, device=DEVICE)
     *_, h = call(x, backend=backend, initial_state=h0, output_final_state=True, **kw)
     assert torch.equal(h, h0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Retrace against its sum form (an oracle independent of the recursion the kernels and retrace_ref scan)
+# ---------------------------------------------------------------------------------------------------------------
+
+SUM_CASES = [((3, T, 2), p) for T in (1, 3, 40) for p in PATTERNS]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_state", [False, True], ids=["no-state", "state"])
+@pytest.mark.parametrize("shape,pattern", SUM_CASES, ids=[case_id(s, -2, p) for s, p in SUM_CASES])
+def test_retrace_matches_sum_form(shape, pattern, with_state, backend, small_tiles):
+    """Q_ret_t = Q_t + sum_s (prod_k gamma_k (1 - done_k) c_(k+1)) delta_s: the kernels (16-step tiles: 40 steps
+    cross chunks), both weight forms, and the recursion reference, with per-step gamma and lambda tensors, clipped
+    traces and the final state u_0."""
+    x = make_rollout(shape, -2, pattern, dtype=torch.float64, seed=len(pattern) + shape[1])
+    g = torch.Generator().manual_seed(shape[1])
+    kw = {"gamma": (0.8 + 0.2 * torch.rand(shape, generator=g, dtype=torch.float64)).to(DEVICE),
+          "lmbda": (0.5 + 0.5 * torch.rand(shape, generator=g, dtype=torch.float64)).to(DEVICE), "c_bar": 1.2}
+    if with_state:
+        kw["initial_state"] = _state_for("retrace", x, -2, seed=9).double()
+    expected = R.retrace_sum_ref(x["value"], x["next_value"], x["reward"], x["done"], x["terminated"],
+                                 log_ratio=x["log_ratio"], **kw)
+    ref = R.retrace_ref(x["value"], x["next_value"], x["reward"], x["done"], x["terminated"],
+                        log_ratio=x["log_ratio"], **kw)
+    args = (x["value"], x["next_value"], x["reward"], x["done"], x["terminated"])
+    for name, out in (("retrace_ref", ref),
+                      ("retrace", retrace(*args, log_ratio=x["log_ratio"], output_final_state=True, backend=backend,
+                                          **kw)),
+                      ("retrace ratio", retrace(*args, ratio=x["log_ratio"].exp(), output_final_state=True,
+                                                backend=backend, **kw))):
+        for i, (o, e) in enumerate(zip(out, expected)):
+            assert_close(f"{name}[{i}]", o, e)
+
+
+def test_retrace_sum_form_by_hand():
+    """The sum form itself on numbers worked out by hand: one episode of 3 steps, Q = 0, E_pi Q' = 0, rewards 1,
+    gamma 0.5, traces c = (_, 0.5, 1): Q_ret_2 = 1, Q_ret_1 = 1 + 0.5 * 1 * 1 = 1.5,
+    Q_ret_0 = 1 + 0.5 * 0.5 * 1 + 0.5^2 * 0.5 * 1 * 1 = 1.375; a done at step 1 cuts step 0 to 1 + 0.5 * 0.5 * 1."""
+    zero = torch.zeros(1, 3, 1, dtype=torch.float64)
+    ratio = torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64).view(1, 3, 1)
+    done = torch.zeros(1, 3, 1, dtype=torch.bool)
+    q_ret, _, _ = R.retrace_sum_ref(zero, zero, zero + 1, done, ratio=ratio, gamma=0.5)
+    assert_close("Q_ret", q_ret, torch.tensor([1.375, 1.5, 1.0], dtype=torch.float64).view(1, 3, 1))
+    done[0, 1] = True
+    q_ret, _, _ = R.retrace_sum_ref(zero, zero, zero + 1, done, ratio=ratio, gamma=0.5)
+    assert_close("Q_ret (done at 1)", q_ret, torch.tensor([1.25, 1.0, 1.0], dtype=torch.float64).view(1, 3, 1))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -408,20 +463,50 @@ def test_bad_inputs_retrace_discrete():
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (too slow for the interpreter)")
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (too slow for the interpreter)")
+# (shape, window): as test_algorithms.VERY_LONG
+VERY_LONG = [pytest.param((1, 2**20, 1), 4096, marks=GPU, id="B1-T2^20"),
+             pytest.param((16, 2**16, 1), 4096, marks=GPU, id="B16-T2^16"),
+             pytest.param((2, 512, 1), 128, id="B2-T512")]
+
+
+def _trace_c(x, algo):
+    """The traces c_t = lmbda min(c_bar, pi / mu) of the taken actions, float64 on the CPU (the defaults' numbers)."""
+    if algo == "retrace":
+        w = x["log_ratio"].cpu().double().exp()
+    else:
+        pi = x["pi"].cpu().double().gather(-1, x["action"].cpu().unsqueeze(-1)).squeeze(-1)
+        w = pi / x["behavior_prob"].cpu().double()
+    return COEFS["retrace"]["lmbda"] * w.clamp_max(COEFS["retrace"]["c_bar"])
+
+
+# per algorithm: the state each step passes on to the step before it (h_t = vs_t - V_t; u_t = c_t (Q_ret_t - Q_t))
+PASSED_ON = {"vtrace": lambda out, x, algo: out[1] - x["value"].cpu().double(),
+             "retrace": lambda out, x, algo: _trace_c(x, algo) * out[1],
+             "retrace_discrete": lambda out, x, algo: _trace_c(x, algo) * out[1]}
+
+
+@pytest.mark.parametrize("pattern", ["random", "none"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-@pytest.mark.parametrize("algo", ["vtrace", "retrace", "retrace_discrete"])
-@pytest.mark.parametrize("shape", [(1, 2**20, 1), (16, 2**16, 1)], ids=["B1-T2^20", "B16-T2^16"])
+@pytest.mark.parametrize("algo", list(PASSED_ON))
+@pytest.mark.parametrize("shape,window", VERY_LONG)
 @pytest.mark.triton
-def test_very_long_sequence_gpu(algo, shape, dtype):
-    """Against the float64 torch path on the CPU (itself checked against the reference above), with a carried
-    state: a Python loop over a million steps would take minutes."""
-    call, _, _ = ALGOS[algo]
+def test_very_long_sequence(algo, shape, window, dtype, pattern):
+    """Long sequences with a carried state, against the float64 reference run on windows of ``window`` steps, each
+    entering with the outputs' state at its edge (``_helpers.window_states``). V-trace's state at a window edge
+    takes V there from the window's last next_state_value, so the rollout is made consistent (a collector's)."""
+    call, ref, _ = ALGOS[algo]
     kw = {"gamma": GAMMA, **_coefs(algo)}
-    x = make_rollout(shape, -2, "random", dtype=dtype)
-    h0 = _state_for(algo, x, -2, seed=7)
-    out = call(x, backend="triton", initial_state=h0, output_final_state=True, **kw)
-    x64 = {k: (v.cpu().double() if v.is_floating_point() else v.cpu()) for k, v in x.items()}
-    expected = call(x64, backend="torch", initial_state=h0.cpu().double(), output_final_state=True, **kw)
+    x = make_rollout(shape, -2, pattern, dtype=dtype)
+    if algo == "vtrace":
+        x = _consistent(x)
+    h0 = _state_for(algo, x, -2, seed=7).to(dtype)
+    *out, h = call(x, backend="triton", initial_state=h0, output_final_state=True, **kw)
+    out = [o.cpu().double() for o in out]
+    cpu = {k: windows(v.cpu().double() if v.is_floating_point() else v.cpu(), window) for k, v in x.items()}
+    states = window_states(PASSED_ON[algo](out, x, algo), h0.cpu().double(), window, reverse=True)
+    expected, h_expected = ref(cpu, initial_state=states, **kw)
     for i, (o, e) in enumerate(zip(out, expected)):
-        assert_close(f"{algo}[{i}]", o, e, dtype)
+        assert_close(f"{algo}[{i}] (rows of {window}-step windows)", windows(o, window), e, dtype)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    assert_close(f"{algo} final state", h, h_expected.reshape(shape[0], -1, *h.shape[1:])[:, 0], acc)

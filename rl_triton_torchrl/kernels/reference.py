@@ -18,6 +18,7 @@ __all__ = [
     "episodic_prefix_sum_ref",
     "vtrace_ref",
     "retrace_ref",
+    "retrace_sum_ref",
     "retrace_discrete_ref",
 ]
 
@@ -101,17 +102,34 @@ def td_lambda_return_ref(reward, next_state_value, done, terminated=None, *, gam
     return _time_back(out, time_dim).to(device), nxt.to(device)
 
 
-def discounted_return_ref(reward, done, *, gamma, time_dim=-2):
-    """Discounted reward-to-go within episodes, no bootstrap: G_t = r_t + gamma (1 - done_t) G_(t+1)."""
+def discounted_return_ref(reward, done, *, gamma, next_state_value=None, terminated=None, time_dim=-2,
+                          initial_state=None, output_final_state=False):
+    """Discounted return within episodes, TD(1) written without lambda: G_t = r_t + gamma_t * F_t, where F_t is
+    what follows step t: the bootstrap (1 - terminated_t) V'_t after a done step, G_(t+1) after any other.
+
+    The episode ends after a done or terminated step (a termination is a done). Without ``next_state_value`` the
+    bootstrap is zero: the plain reward-to-go. Past the window end G_T is ``initial_state``; without it the window
+    end bootstraps like a truncation. As TorchRL's TD(1), every step that is not terminated reads its V'_t, with
+    weight done_t: a non-finite V'_t propagates even where it is not done (weight 0). Returns the returns, and with
+    ``output_final_state`` also G_0 (``initial_state``, or zeros, for T = 0).
+    """
     shape, device = reward.shape, reward.device
+    terminated = done if terminated is None else terminated
     r = _time_last(reward, shape, time_dim)
-    d = _time_last(done, shape, time_dim).bool()
+    d = _time_last(done, shape, time_dim).bool() | _time_last(terminated, shape, time_dim).bool()
+    term = _time_last(terminated, shape, time_dim).bool()
+    nv = torch.zeros_like(r) if next_state_value is None else _time_last(next_state_value, shape, time_dim)
     g = _time_last(gamma, shape, time_dim)
     out = torch.empty_like(r)
-    nxt = torch.zeros(r.shape[:-1], dtype=torch.float64)
-    for t in reversed(range(r.shape[-1])):
-        nxt = out[..., t] = r[..., t] + times(g[..., t], torch.where(d[..., t], 0.0, nxt))
-    return _time_back(out, time_dim).to(device)
+    T = r.shape[-1]
+    nxt = torch.zeros(r.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
+    for t in reversed(range(T)):
+        ends = d[..., t] | (initial_state is None and t == T - 1)  # the window end without a carried return
+        bootstrap = torch.where(term[..., t], 0.0, nv[..., t])
+        nxt = out[..., t] = (r[..., t] + g[..., t] * ends.double() * bootstrap
+                             + times(g[..., t], torch.where(ends, 0.0, nxt)))
+    out = _time_back(out, time_dim).to(device)
+    return (out, nxt.to(device)) if output_final_state else out
 
 
 def eligibility_traces_ref(x, done, *, gamma, lmbda, time_dim=-2, initial_state=None):
@@ -203,6 +221,46 @@ def retrace_ref(q_taken, next_expected_q, reward, done, terminated=None, *, rati
         correction = torch.where(d[..., t], 0.0, correction)  # never mix in the next episode
         q_ret[..., t] = r[..., t] + g[..., t] * bootstrap + times(g[..., t], correction)
     final = carried if T == 0 else c[..., 0] * (q_ret[..., 0] - q[..., 0])
+    return _time_back(q_ret, time_dim).to(device), _time_back(q_ret - q, time_dim).to(device), final.to(device)
+
+
+def retrace_sum_ref(q_taken, next_expected_q, reward, done, terminated=None, *, ratio=None, log_ratio=None, gamma,
+                    lmbda=1.0, c_bar=1.0, time_dim=-2, initial_state=None):
+    r"""Retrace in the sum form of Munos et al. (2016), an oracle independent of the recursion.
+
+    .. math::
+
+        Q^{ret}_t = Q_t + \sum_{s \ge t} \Big(\prod_{k=t}^{s-1} \gamma_k (1 - \mathrm{done}_k)\, c_{k+1}\Big)
+            \delta_s, \qquad \delta_s = r_s + \gamma_s (1 - \mathrm{terminated}_s)\, \mathbb{E}_\pi Q(s'_s, \cdot) - Q_s,
+
+    for a constant gamma and no episode end :math:`\gamma^{s-t} \prod_{i=t+1}^{s} c_i \delta_s`. Episode
+    boundaries as retrace.py's module docstring defines them: a done step ends the sum (the weights past it are
+    zero), a terminated one bootstraps from nothing. The carried state :math:`u_T = c_T (Q^{ret}_T - Q_T)` enters as
+    the term :math:`s = T` with :math:`c_T = 1`, i.e. :math:`(\prod_{k=t}^{T-1} \gamma_k (1 - \mathrm{done}_k)
+    c_{k+1}) u_T`. The :math:`s = t` term's :math:`Q_t` cancels the leading :math:`Q_t` and is left out (so a
+    non-finite :math:`Q_t` stays in its advantage, as in the recursion), and a zero weight adds nothing, not even a
+    NaN. O(T^2): for short sequences. Returns (Q_ret, Q_ret - Q(s_t, a_t), c_0 (Q_ret_0 - Q_0)).
+    """
+    shape, device = reward.shape, reward.device
+    terminated = done if terminated is None else terminated
+    q, nq, r = (_time_last(x, shape, time_dim) for x in (q_taken, next_expected_q, reward))
+    w = _time_last(ratio, shape, time_dim) if log_ratio is None else _time_last(log_ratio, shape, time_dim).exp()
+    d, term = (_time_last(x, shape, time_dim).bool() for x in (done, terminated))
+    g, lm, cb = (_time_last(x, shape, time_dim) for x in (gamma, lmbda, c_bar))
+    c = lm * torch.minimum(cb, w)  # the traces c_t
+    T = r.shape[-1]
+    u_T = torch.zeros(r.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
+    delta = r + g * torch.where(term, 0.0, nq) - q
+    q_ret = torch.empty_like(r)
+    for t in range(T):
+        total = r[..., t] + g[..., t] * torch.where(term[..., t], 0.0, nq[..., t])  # Q_t + delta_t
+        weight = torch.ones_like(total)  # the product of the factors gamma_k (1 - done_k) c_(k+1), k = t .. s-1
+        for s in range(t + 1, T + 1):
+            c_s = c[..., s] if s < T else torch.ones_like(total)
+            weight = times(weight, torch.where(d[..., s - 1], 0.0, times(g[..., s - 1], c_s)))
+            total = total + times(weight, delta[..., s] if s < T else u_T)
+        q_ret[..., t] = total
+    final = u_T if T == 0 else c[..., 0] * (q_ret[..., 0] - q[..., 0])
     return _time_back(q_ret, time_dim).to(device), _time_back(q_ret - q, time_dim).to(device), final.to(device)
 
 
