@@ -171,6 +171,11 @@ class _ReturnsGraph:
         self.key = None
         self.graph = self.last_value = self.outputs = None
 
+    def __deepcopy__(self, memo):
+        """A copy captures its own graph on its first call (a CUDA graph cannot be copied, and the copy's storage
+        is another one anyway)."""
+        return _ReturnsGraph()
+
     def __call__(self, st, last_value: torch.Tensor, gamma: float, lmbda: float, normalize: bool):
         key = (st.rewards.data_ptr(), st.values.data_ptr(), st.dones.data_ptr(), tuple(st.values.shape),
                st.values.dtype, st.dones.dtype, tuple(last_value.shape), gamma, lmbda, normalize,

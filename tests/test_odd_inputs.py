@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from _algos import DISCRETE, PER_ACTION, TABLE, as_tuple, make_rollout, relayout
-from _helpers import BACKENDS, assert_close
+from _helpers import BACKENDS, DEVICE, assert_close
 from rl_triton_torchrl import functional as F
 from rl_triton_torchrl import kernels as K
 from rl_triton_torchrl.kernels import InputError
@@ -176,9 +176,9 @@ def test_td0_without_time_dim(shape, advantage, backend):
     import torchrl.objectives.value.functional as trl
 
     g = torch.Generator().manual_seed(7)
-    value, next_value, reward = (torch.randn(shape, generator=g) for _ in range(3))
-    done = torch.rand(shape, generator=g) < 0.5
-    terminated = done & (torch.rand(shape, generator=g) < 0.5)
+    value, next_value, reward = (torch.randn(shape, generator=g).to(DEVICE) for _ in range(3))
+    done = (torch.rand(shape, generator=g) < 0.5).to(DEVICE)
+    terminated = done & (torch.rand(shape, generator=g) < 0.5).to(DEVICE)
     for gamma in (0.9, torch.tensor(0.9)):
         if advantage:
             ours = F.td0_advantage_estimate(gamma, value, next_value, reward, done, terminated, backend=backend)

@@ -112,7 +112,7 @@ def test_recurrent_critic(backend, critic, per_minibatch):
     fill(alg.storage, "random")
     with torch.inference_mode():  # as OnPolicyRunner calls it: a few rollout steps give the critic a state
         for _ in range(3):
-            alg.critic(TensorDict({"policy": torch.randn(11, OBS_DIM)}, batch_size=[11]))
+            alg.critic(TensorDict({"policy": torch.randn(11, OBS_DIM, device=DEVICE)}, batch_size=[11], device=DEVICE))
     before = hidden(alg.critic)
     assert before is not None
     ref = copy.deepcopy(alg)
@@ -132,7 +132,7 @@ def step_inputs(num_envs, seed=2):
     rewards = torch.randn(num_envs, generator=g)
     time_outs = torch.rand(num_envs, generator=g) < 0.5
     dones = (time_outs | (torch.rand(num_envs, generator=g) < 0.3)).long()
-    return obs, final, rewards, dones, time_outs
+    return obs.to(DEVICE), final.to(DEVICE), rewards.to(DEVICE), dones.to(DEVICE), time_outs.to(DEVICE)
 
 
 @pytest.mark.parametrize("critic", ["mlp", "lstm"])
@@ -224,8 +224,8 @@ def test_same_training_as_rsl_rl(backend):
     results = {}
     for name in ("PPO", "rl_triton_torchrl.rsl_rl:PPO"):
         torch.manual_seed(0)
-        env = RslRlVecEnv(CartPole(16, max_episode_steps=12, seed=0))
-        runner = OnPolicyRunner(env, train_cfg(name, steps=6), log_dir=None, device="cpu")
+        env = RslRlVecEnv(CartPole(16, device=DEVICE, max_episode_steps=12, seed=0))
+        runner = OnPolicyRunner(env, train_cfg(name, steps=6), log_dir=None, device=str(DEVICE))
         runner.learn(num_learning_iterations=3)
         st = runner.alg.storage
         results[name] = [st.returns.clone(), st.advantages.clone(), *(p.detach().clone() for p in (
