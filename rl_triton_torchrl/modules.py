@@ -42,6 +42,9 @@ from tensordict.nn import TensorDictModuleBase, composite_lp_aggregate
 from tensordict.utils import NestedKey, unravel_key
 
 from ._checks import Described, check_coefficient, keyed_error
+
+# made once, outside forward: torch.compile (torch 2.11's Dynamo) cannot trace building a str subclass
+_LENGTHS = Described("the lengths")
 from .kernels import InputError, eligibility_traces, episodic_prefix_sum, retrace, retrace_discrete
 from .kernels.prefix_sum import check_reset
 
@@ -663,7 +666,7 @@ class EpisodicPrefixSum(_RolloutModule):
         states = self._initial_states([x.shape for x, _ in inputs], time_dim)
         outputs, final_states = [], []
         for ((x, out_key), initial_state), in_key in zip(zip(inputs, states),
-                                                         [*self.in_keys[:-1], Described("the lengths")]):
+                                                         [*self.in_keys[:-1], _LENGTHS]):
             self._summed_key = in_key
             out = episodic_prefix_sum(x, self._fit(self.boundary_key, boundary, x.shape), reset=self.reset,
                                       time_dim=time_dim, initial_state=initial_state,
