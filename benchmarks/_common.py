@@ -177,6 +177,21 @@ def wall_time_us(fn, calls: int | None = None, budget_s: float = 0.5) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def synced_median_s(fn, repeats: int, sync, warmup: int = 1) -> float:
+    """Median host wall time in seconds of one call of ``fn``, ``sync()`` before and after each (``warmup`` calls
+    first)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def full_call_us(fn, calls: int = 30, repeats: int = 5) -> float:
     """One full call timed on its own, rl-triton's headline method: the device drained, an event, the call, an event,
     the device drained; the median of ``calls`` such calls, the best of ``repeats`` medians, in microseconds.

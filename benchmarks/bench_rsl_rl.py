@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import time
 
@@ -34,7 +33,7 @@ from rsl_rl.models import MLPModel
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
 
-from _common import environment, kernel_time_us, write_results
+from _common import environment, kernel_time_us, synced_median_s, write_results
 from rl_triton_torchrl.kernels._utils import resolve_backend
 from rl_triton_torchrl.rsl_rl import RSL_RL_VERSION, PPO, _targets
 
@@ -68,16 +67,7 @@ def build(num_envs, steps, args, device, seed=0, **kwargs):
 
 def wall_us(fn, repeats: int, sync) -> float:
     """Median host wall time of one call, synchronised before and after it."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return synced_median_s(fn, repeats, sync, warmup=3) * 1e6
 
 
 def max_abs_diff(a, b) -> float:

@@ -14,7 +14,6 @@ Writes results/<out>/bench_sb3.{json,md} (``--out`` defaults to ``cpu`` or ``cud
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
@@ -24,7 +23,7 @@ from stable_baselines3 import __version__ as sb3_version
 from stable_baselines3.common.buffers import RolloutBuffer as SB3RolloutBuffer
 
 import rl_triton_torchrl.sb3 as ours
-from _common import device_time_us, environment, write_results
+from _common import device_time_us, environment, synced_median_s, write_results
 from rl_triton_torchrl.kernels import gae
 from rl_triton_torchrl.kernels._utils import resolve_backend
 
@@ -47,15 +46,7 @@ def filled(cls, buffer_size, n_envs, device, seed=0):
 
 
 def median_ms(fn, repeats: int, sync) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return synced_median_s(fn, repeats, sync) * 1e3
 
 
 def kernel_device_us(buf, last_values, dones, device) -> float:

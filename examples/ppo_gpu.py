@@ -97,7 +97,8 @@ def parse_args(argv=None):
     return args
 
 
-def plot_curves(rows, path, title):
+def plot_curves(rows, path, title, time_key="estimator_time_s", time_label="estimator calls (ms)"):
+    """Return against frames and wall time, and the time of ``time_key`` per iteration (also rsl_rl_ppo.py's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,9 +112,9 @@ def plot_curves(rows, path, title):
         ax.set_ylabel("mean return of the episodes finished")
         ax.grid(alpha=0.3)
     axes[0].ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-    axes[2].plot([int(r["iteration"]) for r in rows], [1e3 * float(r["estimator_time_s"]) for r in rows])
+    axes[2].plot([int(r["iteration"]) for r in rows], [1e3 * float(r[time_key]) for r in rows])
     axes[2].set_xlabel("iteration")
-    axes[2].set_ylabel("estimator calls (ms)")
+    axes[2].set_ylabel(time_label)
     axes[2].set_yscale("log")
     axes[2].grid(alpha=0.3)
     fig.suptitle(title)

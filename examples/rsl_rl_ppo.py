@@ -114,31 +114,6 @@ def train_config(args):
     }
 
 
-def plot_curves(rows, path, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    curve = [r for r in rows if r["return_mean"] != ""]
-    for ax, x, label in ((axes[0], "frames", "environment frames"), (axes[1], "wall_time_s", "wall time (s)")):
-        ax.plot([float(r[x]) for r in curve], [float(r["return_mean"]) for r in curve])
-        ax.set_xlabel(label)
-        ax.set_ylabel("mean return of the episodes finished")
-        ax.grid(alpha=0.3)
-    axes[0].ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-    axes[2].plot([int(r["iteration"]) for r in rows], [1e3 * float(r["compute_returns_time_s"]) for r in rows])
-    axes[2].set_xlabel("iteration")
-    axes[2].set_ylabel("compute_returns (ms)")
-    axes[2].set_yscale("log")
-    axes[2].grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv=None):
     args = parse_args(argv)  # before importing torch: --help and bad flags answer at once
 
@@ -149,6 +124,7 @@ def main(argv=None):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # examples/ is a folder of scripts
     from gpu_envs import ENVS
     from gpu_envs.rsl_rl_env import RslRlVecEnv
+    from ppo_gpu import plot_curves  # the same figure as the TorchRL GPU example's
 
     os.makedirs(args.out, exist_ok=True)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -219,7 +195,8 @@ def main(argv=None):
     csv_file.close()
 
     plot_curves(rows, os.path.join(args.out, "curves.png"),
-                f"rsl_rl PPO on {args.env} ({args.num_envs} envs x {args.steps} steps), algorithm={args.algorithm}")
+                f"rsl_rl PPO on {args.env} ({args.num_envs} envs x {args.steps} steps), algorithm={args.algorithm}",
+                time_key="compute_returns_time_s", time_label="compute_returns (ms)")
     wall = time.perf_counter() - start
     frames = len(rows) * frames_per_iteration
     last = next((r["return_mean"] for r in reversed(rows) if r["return_mean"] != ""), "-")

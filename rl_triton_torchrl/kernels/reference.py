@@ -199,19 +199,27 @@ def vtrace_ref(log_pi, log_mu, state_value, next_state_value, reward, done, term
     return _time_back(adv, time_dim).to(device), _time_back(vs, time_dim).to(device), nxt.to(device)
 
 
+def _retrace_inputs(q_taken, next_expected_q, reward, done, terminated, ratio, log_ratio, gamma, lmbda, c_bar,
+                    time_dim):
+    """Retrace's inputs time-last in float64: (Q_t, E Q_(t+1), r, done, terminated, gamma, the traces c_t)."""
+    shape = reward.shape
+    terminated = done if terminated is None else terminated
+    q, nq, r = (_time_last(x, shape, time_dim) for x in (q_taken, next_expected_q, reward))
+    w = _time_last(ratio, shape, time_dim) if log_ratio is None else _time_last(log_ratio, shape, time_dim).exp()
+    d, term = (_time_last(x, shape, time_dim).bool() for x in (done, terminated))
+    g, lm, cb = (_time_last(x, shape, time_dim) for x in (gamma, lmbda, c_bar))
+    return q, nq, r, d, term, g, lm * torch.minimum(cb, w)
+
+
 def retrace_ref(q_taken, next_expected_q, reward, done, terminated=None, *, ratio=None, log_ratio=None, gamma,
                 lmbda=1.0, c_bar=1.0, time_dim=-2, initial_state=None):
     """Returns (Q_ret, Q_ret - Q(s_t, a_t), c_0 (Q_ret_0 - Q_0)), written in the Q_ret form of the recurrence.
 
     ``initial_state`` is c_T (Q_ret_T - Q_T) at the first step after the window.
     """
-    shape, device = reward.shape, reward.device
-    terminated = done if terminated is None else terminated
-    q, nq, r = (_time_last(x, shape, time_dim) for x in (q_taken, next_expected_q, reward))
-    w = _time_last(ratio, shape, time_dim) if log_ratio is None else _time_last(log_ratio, shape, time_dim).exp()
-    d, term = (_time_last(x, shape, time_dim).bool() for x in (done, terminated))
-    g, lm, cb = (_time_last(x, shape, time_dim) for x in (gamma, lmbda, c_bar))
-    c = lm * torch.minimum(cb, w)  # the traces c_t
+    device = reward.device
+    q, nq, r, d, term, g, c = _retrace_inputs(q_taken, next_expected_q, reward, done, terminated, ratio, log_ratio,
+                                              gamma, lmbda, c_bar, time_dim)
     T = r.shape[-1]
     q_ret = torch.empty_like(r)
     carried = torch.zeros(r.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
@@ -241,13 +249,9 @@ def retrace_sum_ref(q_taken, next_expected_q, reward, done, terminated=None, *, 
     non-finite :math:`Q_t` stays in its advantage, as in the recursion), and a zero weight adds nothing, not even a
     NaN. O(T^2): for short sequences. Returns (Q_ret, Q_ret - Q(s_t, a_t), c_0 (Q_ret_0 - Q_0)).
     """
-    shape, device = reward.shape, reward.device
-    terminated = done if terminated is None else terminated
-    q, nq, r = (_time_last(x, shape, time_dim) for x in (q_taken, next_expected_q, reward))
-    w = _time_last(ratio, shape, time_dim) if log_ratio is None else _time_last(log_ratio, shape, time_dim).exp()
-    d, term = (_time_last(x, shape, time_dim).bool() for x in (done, terminated))
-    g, lm, cb = (_time_last(x, shape, time_dim) for x in (gamma, lmbda, c_bar))
-    c = lm * torch.minimum(cb, w)  # the traces c_t
+    device = reward.device
+    q, nq, r, d, term, g, c = _retrace_inputs(q_taken, next_expected_q, reward, done, terminated, ratio, log_ratio,
+                                              gamma, lmbda, c_bar, time_dim)
     T = r.shape[-1]
     u_T = torch.zeros(r.shape[:-1], dtype=torch.float64) if initial_state is None else initial_state.double().cpu()
     delta = r + g * torch.where(term, 0.0, nq) - q
