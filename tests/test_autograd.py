@@ -206,6 +206,7 @@ def lookback_chunks(monkeypatch):
     yield
 
 
+@pytest.mark.triton
 @pytest.mark.parametrize("algo", list(GRAD_CASES))
 def test_gradients_in_lookback_mode(algo, lookback_chunks):
     """The scan op in look-back mode, forward and backward (the backward of a reverse scan is a forward one):

@@ -163,7 +163,8 @@ PEER_VARS = ("RL_TRITON_SRC", "RL_TRITON_TESTS", "PUFFERLIB_EXT")
 
 @pytest.fixture(scope="module")
 def peers():
-    """bench_peers and report_peers importable in this process."""
+    """bench_peers and report_peers importable in this process (they time Triton kernels)."""
+    pytest.importorskip("triton", reason="the peer benchmark times Triton kernels")
     sys.path.insert(0, str(BENCH))
     import bench_peers
     import report_peers
@@ -172,6 +173,7 @@ def peers():
     sys.path.remove(str(BENCH))
 
 
+@pytest.mark.triton
 def test_bench_peers_smoke(tmp_path):
     """The peer benchmark end to end on the CPU, peers absent: every algorithm of the release grid (with and without
     truncations) checked against float64 and timed, the cliff sweep, our kernels API's host rows, both first-call

@@ -208,6 +208,7 @@ def test_errors():
         _call(x, last_state_value=[[0.0]] * 3)
 
 
+@pytest.mark.triton
 def test_input_not_mutated():
     x = with_last_value(make_inputs((3, 7, 1), -2, "random"), -2)
     before = {k: v.clone() for k, v in x.items()}
