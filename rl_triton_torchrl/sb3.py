@@ -35,7 +35,7 @@ the numpy arrays. ``$RL_TRITON_TORCHRL_BACKEND`` (``"torch"``/``"triton"``) over
 ``last_values`` and ``dones`` appended). The numbers equal SB3's loop up to float32 rounding (both accumulate in
 float32, in a different order).
 
-Needs Stable-Baselines3 (``pip install "rl_triton_torchrl[sb3]"``); the rest of the package does not.
+Needs Stable-Baselines3 (``pip install "stable-baselines3>=2.9,<3"``, or from the clone ``pip install -e ".[sb3]"``); the rest of the package does not.
 """
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ try:
     from stable_baselines3.common import buffers as sb3_buffers
 except ImportError as err:  # pragma: no cover - exercised in a subprocess by tests/test_sb3.py
     raise ImportError(
-        'rl_triton_torchrl.sb3 needs Stable-Baselines3: pip install "rl_triton_torchrl[sb3]"'
+        'rl_triton_torchrl.sb3 needs Stable-Baselines3: pip install "stable-baselines3>=2.9,<3" (or, from the '
+        'clone, pip install -e ".[sb3]")'
     ) from err
 
 from .kernels import gae
