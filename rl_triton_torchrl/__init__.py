@@ -1,6 +1,7 @@
 """rl_triton_torchrl: fused Triton kernels for RL credit assignment, as drop-in TorchRL estimators.
 
-- ``rl_triton_torchrl.kernels``: the kernels and their plain-torch CPU path (needs only torch + triton).
+- ``rl_triton_torchrl.kernels``: the kernels and their plain-torch path (needs only torch, and triton for the
+  kernels).
 - ``rl_triton_torchrl.functional``: TorchRL's value functionals, same names and signatures.
 - ``GAE``, ``MultiAgentGAE``, ``TD0Estimator``, ``TD1Estimator``, ``TDLambdaEstimator``: TorchRL's estimator
   classes with the math on our kernels.
@@ -11,7 +12,7 @@
   normalisation over the global batch of a data-parallel run (one all-reduce; local without torch.distributed).
 
 Everything but ``kernels`` needs TorchRL; it is imported on first use, so ``rl_triton_torchrl.kernels`` works
-with torch and triton alone.
+with torch alone (its torch path) or torch and triton (the kernels; Linux).
 """
 import importlib
 

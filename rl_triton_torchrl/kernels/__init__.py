@@ -1,8 +1,8 @@
 """Triton kernels for RL credit assignment, with a plain-torch path for CPU tensors.
 
-Needs only torch and triton. Every function takes ``[*B, T, *F]`` tensors with any ``time_dim`` (default -2, as
-TorchRL's ``[B, T, 1]``; 2-D inputs must name it: ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``) and a keyword-only
-``backend``: ``"auto"`` runs Triton on CUDA tensors and torch elsewhere (``$RL_TRITON_TORCHRL_BACKEND`` overrides
+Needs only torch, and triton for the kernels (without it every call takes the torch path). Every function takes
+``[*B, T, *F]`` tensors with any ``time_dim`` (default -2, as TorchRL's ``[B, T, 1]``; 2-D inputs must name it:
+``-1`` for ``[B, T]``, ``0`` for ``[T, B]``) and a keyword-only ``backend``: ``"auto"`` runs Triton on CUDA tensors and torch elsewhere (``$RL_TRITON_TORCHRL_BACKEND`` overrides
 it), ``"triton"`` forces the kernels (on CPU tensors only under ``TRITON_INTERPRET=1``), ``"torch"`` forces torch.
 """
 from ._utils import InputError
