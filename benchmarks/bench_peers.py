@@ -62,7 +62,9 @@ Mapping our inputs onto rl-triton's API (``[num_envs, T]`` tensors, float flags,
 T + 1 observations; ``next_state_value[t] = V[t + 1]`` inside an episode and the true final observation's value at a
 done step), terminations and truncations are exclusive, and rl-triton gets ``terminateds``, ``truncateds`` and
 ``bootstrap_values`` = the next value at truncated steps and at the window's last step (``last_value`` without
-truncations). Per algorithm: V-trace's two outputs come in the other order; Retrace compares the targets only (the
+truncations). Per algorithm: GAE without truncations runs ours in its shifted input mode (``last_state_value`` =
+``next_state_value[:, -1]``; V(s_(t+1)) read from ``v`` one step on, the same bytes as rl-triton reads; a done step
+reads no next value there); V-trace's two outputs come in the other order; Retrace compares the targets only (the
 advantages are defined differently) and rl-triton takes E_pi Q(s'_t) with pi(.|s_t), so ours gets a copy of ``pi``
 as ``next_pi``; the discounted return with truncations is ours with ``next_state_value`` and ``terminated`` (TD(1),
 bootstrapping at truncations and the window end, as rl-triton's truncation path does); eligibility traces and
@@ -352,6 +354,10 @@ def make_ours(algo: str, x: dict, backend: str = BACKEND):
     kw = {"time_dim": -1, "backend": backend}
     flags = [d] + ([t] if t is not None else [])
     if algo == "gae":
+        if t is None:  # no truncations: V(s_(t+1)) read from v one step on, as rl-triton reads it (the same bytes)
+            lv = nv[:, -1].contiguous()
+            return ((lambda: K.gae(r, v, None, d, gamma=GAMMA, lmbda=LMBDA, last_state_value=lv, **kw)),
+                    [r, v, lv, d])
         return (lambda: K.gae(r, v, nv, d, t, gamma=GAMMA, lmbda=LMBDA, **kw)), [r, v, nv, *flags]
     if algo == "td_lambda":
         return (lambda: K.td_lambda_return(r, nv, d, t, gamma=GAMMA, lmbda=LMBDA, **kw)), [r, nv, *flags]
