@@ -4,7 +4,7 @@ Parity of ``compute_returns_and_advantage`` with SB3's ``RolloutBuffer`` / ``Dic
 (buffer sizes from 1, several n_envs, episode-start patterns none/all/random, several gamma/gae_lambda), on both
 paths (the torch path and the Triton kernel, forced with RL_TRITON_TORCHRL_BACKEND and checked to have run); short
 PPO and A2C runs on CartPole-v1 from one seed with SB3's buffer and with ours end with the same parameters; and the
-package imports without SB3 while ``rl_triton_torchrl.sb3`` names the extra to install.
+package imports without SB3 while ``rl_triton_torchrl.sb3`` says what to install.
 """
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def test_training_matches_sb3(algo):
 
 
 def test_optional_dependency():
-    """The package and its kernels import without SB3; ``rl_triton_torchrl.sb3`` names the extra to install."""
+    """The package and its kernels import without SB3; ``rl_triton_torchrl.sb3`` says what to install."""
     code = textwrap.dedent("""
         import sys
         sys.modules["stable_baselines3"] = None  # `import stable_baselines3` now raises ImportError
@@ -172,4 +172,5 @@ def test_optional_dependency():
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert 'pip install "rl_triton_torchrl[sb3]"' in out.stdout, out.stdout
+    assert 'pip install "stable-baselines3' in out.stdout, out.stdout
+    assert 'pip install -e ".[sb3]"' in out.stdout, out.stdout
