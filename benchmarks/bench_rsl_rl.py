@@ -14,8 +14,12 @@ observation (its hidden state saved and restored), the returns and advantages, t
 - ``device_us`` (CUDA): the call's kernels' own durations summed (CUPTI activity records through
   ``torch.profiler``, L2 flushed before each call; median);
 - ``critic_wall_us``: the critic's forward alone, which both implementations run (the part neither can shorten);
-- ours also with ``cuda_graph=True`` on CUDA (the kernel and the normalisation replayed as one CUDA graph), and
-  ``ours_targets_*``: our returns and normalisation without the critic call.
+- ``*_back_to_back_us``: host wall time per call, calls issued back to back and the device drained once at the end
+  (what a training loop that does not wait pays);
+- ours also with ``cuda_graph=True`` on CUDA (the kernel and the normalisation replayed as one CUDA graph);
+- without the critic's forward: ``rsl_rl_targets_*`` (rsl_rl's loop and normalisation, its critic replaced by a stub
+  that returns the last value), ``ours_targets_*`` and ``ours_graph_targets_*`` (our returns and normalisation,
+  plain and replayed as a graph), and our two parts alone, ``ours_gae_*`` and ``ours_normalisation_*``.
 
 Ours is checked against rsl_rl's returns and advantages first; a mismatch is reported as wrong and not timed.
 Writes ``bench_rsl_rl.json`` and ``bench_rsl_rl.md`` into ``--out`` (a path, or a folder of benchmarks/results).
@@ -33,12 +37,29 @@ from rsl_rl.models import MLPModel
 from rsl_rl.storage import RolloutStorage
 from tensordict import TensorDict
 
-from _common import environment, kernel_time_us, synced_median_s, write_results
+from _common import environment, kernel_time_us, synced_median_s, wall_time_us, write_results
 from rl_triton_torchrl.kernels._utils import resolve_backend
-from rl_triton_torchrl.rsl_rl import RSL_RL_VERSION, PPO, _targets
+from rl_triton_torchrl.rsl_rl import RSL_RL_VERSION, PPO, _normalize_, _ReturnsGraph, _targets
 
 GAMMA, LAM = 0.99, 0.95
 OBS_GROUPS = {"actor": ["policy"], "critic": ["policy"]}
+
+
+class FixedValue(torch.nn.Module):
+    """A stand-in critic that returns a given value: rsl_rl's ``compute_returns`` without the critic's forward."""
+
+    def __init__(self, value: torch.Tensor):
+        super().__init__()
+        self.value = value
+
+    def forward(self, obs):
+        return self.value
+
+    def get_hidden_state(self):
+        return None
+
+    def reset(self, dones=None, hidden_state=None):
+        pass
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -101,8 +122,19 @@ def main(argv=None):
             calls["ours_graph"] = lambda: graphed.compute_returns(obs)
         last_value = ours.critic(obs).detach()
         normalize = not args.per_minibatch
+        # the same calls without the critic's forward, which both run: rsl_rl's loop given the last value by a stub
+        # critic, our targets plain and replayed as a graph, and our two parts, the kernel and the normalisation
+        theirs_targets = copy.deepcopy(theirs)
+        theirs_targets.critic = FixedValue(last_value)
+        targets_graph = _ReturnsGraph() if cuda else None
+        scratch = torch.empty_like(ours.storage.values)
         parts = {"critic": lambda: ours.critic(obs),
-                 "ours_targets": lambda: _targets(ours.storage, last_value, GAMMA, LAM, normalize)}
+                 "rsl_rl_targets": lambda: RslRlPPO.compute_returns(theirs_targets, obs),
+                 "ours_targets": lambda: _targets(ours.storage, last_value, GAMMA, LAM, normalize),
+                 "ours_gae": lambda: _targets(ours.storage, last_value, GAMMA, LAM, False),
+                 "ours_normalisation": lambda: _normalize_(scratch.copy_(ours.storage.values))}
+        if targets_graph is not None:
+            parts["ours_graph_targets"] = lambda: targets_graph(ours.storage, last_value, GAMMA, LAM, normalize)
         row = {"num_envs": num_envs, "steps": steps, "device": str(device), "ours_path": resolve_backend("auto",
                device), "normalisation": "per minibatch" if args.per_minibatch else "global"}
         with torch.inference_mode():
@@ -123,11 +155,17 @@ def main(argv=None):
                 if name.startswith("ours") and not ok:
                     continue
                 row[f"{name}_wall_us"] = wall_us(fn, args.repeats, sync)
+                row[f"{name}_back_to_back_us"] = wall_time_us(fn)
                 if cuda:
                     row[f"{name}_device_us"] = kernel_time_us(fn)
         for name in calls:
             if name != "rsl_rl" and f"{name}_wall_us" in row:
                 row[f"speedup_{name}"] = row["rsl_rl_wall_us"] / row[f"{name}_wall_us"]
+        for name in ("ours_targets", "ours_graph_targets"):
+            if f"{name}_wall_us" in row:
+                row[f"speedup_{name}"] = row["rsl_rl_targets_wall_us"] / row[f"{name}_wall_us"]
+                row[f"speedup_{name}_back_to_back"] = (row["rsl_rl_targets_back_to_back_us"]
+                                                       / row[f"{name}_back_to_back_us"])
         rows.append(row)
         print(f"{num_envs} x {steps}: rsl_rl {row['rsl_rl_wall_us']:.1f} us, ours "
               f"{row.get('ours_wall_us', float('nan')):.1f} us, ours graphed "
@@ -144,9 +182,19 @@ def main(argv=None):
         columns += [("ours_graph_wall_us", "ours, CUDA graph, wall (µs)"), ("speedup_ours_graph", "speed-up"),
                     ("rsl_rl_device_us", "rsl_rl device (µs)"), ("ours_device_us", "ours device (µs)"),
                     ("ours_graph_device_us", "ours, CUDA graph, device (µs)")]
-    columns += [("critic_wall_us", "critic alone, wall (µs)"), ("ours_targets_wall_us", "ours without the critic, "
-                                                                                          "wall (µs)"),
-                ("ours_path", "our path"), ("max_abs_diff_returns", "max abs. diff. returns"),
+    columns += [("critic_wall_us", "critic alone, wall (µs)"), ("rsl_rl_targets_wall_us", "rsl_rl without the "
+                                                                                            "critic, wall (µs)"),
+                ("ours_targets_wall_us", "ours without the critic, wall (µs)"), ("speedup_ours_targets", "speed-up")]
+    if cuda:
+        columns += [("ours_graph_targets_wall_us", "ours without the critic, CUDA graph, wall (µs)"),
+                    ("speedup_ours_graph_targets", "speed-up"),
+                    ("rsl_rl_targets_back_to_back_us", "rsl_rl without the critic, back to back (µs)"),
+                    ("ours_targets_back_to_back_us", "ours without the critic, back to back (µs)"),
+                    ("ours_graph_targets_back_to_back_us", "ours without the critic, CUDA graph, back to back (µs)"),
+                    ("speedup_ours_graph_targets_back_to_back", "speed-up"),
+                    ("ours_gae_wall_us", "our kernel alone, wall (µs)"),
+                    ("ours_normalisation_wall_us", "our normalisation alone, wall (µs)")]
+    columns += [("ours_path", "our path"), ("max_abs_diff_returns", "max abs. diff. returns"),
                 ("max_abs_diff_advantages", "max abs. diff. advantages"), ("status", "check")]
     command = "python benchmarks/bench_rsl_rl.py " + " ".join(sys.argv[1:] if argv is None else argv)
     out = write_results("bench_rsl_rl", env, rows, args.out or device.type, columns,

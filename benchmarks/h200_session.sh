@@ -4,8 +4,9 @@
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
 # STEPS picks steps (default: tests kernels estimators sb3 host ppo; also lean0, rslrl_tests, scale, hypothesis, peers,
-# rslrl, rslrl_ppo, ppo_gpu, ddp1, ddp2), run in this order: tests kerneltests lean0 rslrl_tests scale hypothesis sweep
-# kernels estimators sb3 host peers rslrl rslrl_ppo ppo_gpu ppo ddp1 ddp2. All of them take about
+# rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ddp1, ddp2), run in this order: tests kerneltests lean0
+# rslrl_tests scale hypothesis sweep kernels estimators sb3 host peers rslrl rslrl_ppo ppo_gpu ppo_gpu_recompute
+# ppo_gpu_65536 ppo ddp1 ddp2. All of them take about
 # 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py --plan` estimates it), so
 # with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -95,21 +96,31 @@ if has peers; then  # ours vs rl-triton vs PufferLib (RL_TRITON_SRC, PUFFERLIB_E
   tail -40 "$R/bench_peers.log"
 fi
 if has rslrl; then  # rsl_rl's compute_returns against ours
-  timeout 150 python bench_rsl_rl.py --device cuda --out "$R/h200" > "$R/bench_rsl_rl.log" 2>&1
+  timeout 240 python bench_rsl_rl.py --device cuda --out "$R/h200" > "$R/bench_rsl_rl.log" 2>&1
   tail -12 "$R/bench_rsl_rl.log"
 fi
 cd ..
-if has rslrl_ppo; then  # rsl_rl's OnPolicyRunner on the GPU CartPole, both algorithms
-  for a in rsl_rl triton; do
-    timeout 200 python examples/rsl_rl_ppo.py --algorithm $a --out "$R/examples/rsl_rl_ppo_$a" ${RSL_ARGS:-} \
-      > "$R/examples/rsl_rl_ppo_$a.log" 2>&1; tail -3 "$R/examples/rsl_rl_ppo_$a.log"
-  done
+if has rslrl_ppo; then  # rsl_rl's OnPolicyRunner on the GPU CartPole, its PPO vs ours, over RSL_SEEDS seeds
+  timeout 300 python examples/compare_curves.py --example rsl_rl --seeds ${RSL_SEEDS:-2} --device cuda \
+    --out "$R/examples/compare_rsl_rl_cuda" ${RSL_ARGS:-} > "$R/examples/compare_rsl_rl_cuda.log" 2>&1
+  tail -14 "$R/examples/compare_rsl_rl_cuda.log"
 fi
-if has ppo_gpu; then  # PPO with the environments on the GPU (TorchRL stack), both estimators
-  for e in torchrl triton; do
-    timeout 200 python examples/ppo_gpu.py --estimator $e --out "$R/examples/ppo_gpu_$e" ${PPO_GPU_ARGS:-} \
-      > "$R/examples/ppo_gpu_$e.log" 2>&1; tail -3 "$R/examples/ppo_gpu_$e.log"
-  done
+if has ppo_gpu; then  # PPO with the environments on the GPU (TorchRL stack), both estimators, over PPO_GPU_SEEDS seeds
+  timeout 300 python examples/compare_curves.py --example ppo_gpu --seeds ${PPO_GPU_SEEDS:-2} --device cuda \
+    --out "$R/examples/compare_ppo_gpu_cuda" ${PPO_GPU_ARGS:-} > "$R/examples/compare_ppo_gpu_cuda.log" 2>&1
+  tail -14 "$R/examples/compare_ppo_gpu_cuda.log"
+fi
+if has ppo_gpu_recompute; then  # the same with the advantages recomputed by the current critic before every epoch
+  timeout 300 python examples/compare_curves.py --example ppo_gpu --seeds ${PPO_GPU_SEEDS:-2} --device cuda \
+    --recompute-advantage --out "$R/examples/compare_ppo_gpu_recompute_cuda" ${PPO_GPU_ARGS:-} \
+    > "$R/examples/compare_ppo_gpu_recompute_cuda.log" 2>&1
+  tail -14 "$R/examples/compare_ppo_gpu_recompute_cuda.log"
+fi
+if has ppo_gpu_65536; then  # 65536 environments, one seed, recomputing (16 iterations of 2M frames)
+  timeout 300 python examples/compare_curves.py --example ppo_gpu --seeds 1 --device cuda --num-envs 65536 \
+    --total-frames 33554432 --minibatch-size 65536 --recompute-advantage \
+    --out "$R/examples/compare_ppo_gpu_65536envs_cuda" > "$R/examples/compare_ppo_gpu_65536envs_cuda.log" 2>&1
+  tail -14 "$R/examples/compare_ppo_gpu_65536envs_cuda.log"
 fi
 if has ppo; then  # CartPole with 4096 environments on Gymnasium's native vector env, networks on the GPU: both
   # estimators over PPO_SEEDS seeds (curves, table, per-iteration time breakdown in each run's progress.csv)

@@ -1,15 +1,19 @@
 """Run an example with both estimators over several seeds and compare: learning curves (mean +- std over seeds),
-final returns, the estimator's share of the iteration time, and how far apart the two estimators' outputs are on
-the same batches.
+final returns, frames per second, the estimator's share of the iteration time, and how far apart the two
+estimators' outputs are on the same batches.
 
     python examples/compare_curves.py                           # PPO on CartPole-v1, seeds 0 1 2 (~6 min, 2 cores)
     python examples/compare_curves.py --example impala          # IMPALA / V-trace on CartPole-v1
     python examples/compare_curves.py --seeds 5 --total-frames 200000   # unknown flags go to the example
+    python examples/compare_curves.py --example ppo_gpu --recompute-advantage   # environments on the GPU
+    python examples/compare_curves.py --example rsl_rl          # rsl_rl's OnPolicyRunner, its PPO vs ours
 
 Each (seed, estimator) pair is one run of ``examples/<example>`` in a fresh process, one after the other (the seeds
-interleaved, so that a change in machine load touches both estimators alike), with ``--cross-check``: every batch is
-also given to the other estimator class, and the largest absolute differences of advantage and value target are
-logged. Outputs, in ``--out`` (default ``runs/compare_<example>``):
+interleaved, so that a change in machine load touches both estimators alike). Where the example has
+``--cross-check`` (all but ``rsl_rl``), every batch is also given to the other estimator class, and the largest
+absolute differences of advantage and value target are logged. For ``rsl_rl`` the two "estimators" are the two PPO
+classes (``--algorithm rsl_rl|triton``) and the estimator's time is that of ``compute_returns``. Outputs, in
+``--out`` (default ``runs/compare_<example>``):
 
 - ``curves.csv``: per estimator and iteration, frames, wall time and mean episode return (mean and std over seeds);
 - ``runs.csv``: one row per run (final return, wall time, estimator time, largest differences, ...);
@@ -26,10 +30,29 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
-EXAMPLES = {"ppo": "ppo_gymnasium.py", "impala": "impala_vtrace.py"}
-ESTIMATORS = ("torchrl", "triton")
-LOGGED_LOSSES = ("loss_objective", "loss_critic", "entropy")
+
+
+class Example(NamedTuple):
+    """How to run one example with either estimator, and what its ``progress.csv`` calls things."""
+
+    script: str
+    flag: str = "--estimator"  # the example's flag that picks the estimator
+    estimators: tuple = ("torchrl", "triton")  # the baseline first, ours second
+    time_key: str = "estimator_time_s"  # seconds in the estimator per iteration
+    losses: tuple = ("loss_objective", "loss_critic", "entropy")  # logged losses compared between same-seed runs
+    cross_check: bool = True  # has --cross-check (adv_max_abs_diff, target_max_abs_diff)
+
+
+EXAMPLES = {
+    "ppo": Example("ppo_gymnasium.py"),
+    "impala": Example("impala_vtrace.py"),
+    "ppo_gpu": Example("ppo_gpu.py"),
+    "rsl_rl": Example("rsl_rl_ppo.py", flag="--algorithm", estimators=("rsl_rl", "triton"),
+                      time_key="compute_returns_time_s", losses=("loss_value", "loss_surrogate", "loss_entropy"),
+                      cross_check=False),
+}
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -69,15 +92,16 @@ def mean_std(values):
 
 def run_all(args, example_args):
     """Runs every (seed, estimator) pair; returns {(estimator, seed): rows of its progress.csv}."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), EXAMPLES[args.example])
+    example = EXAMPLES[args.example]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), example.script)
     runs = {}
     for seed in range(args.seeds):
-        for estimator in ESTIMATORS:
+        for estimator in example.estimators:
             out = os.path.join(args.out, f"{estimator}_seed{seed}")
             done_marker = os.path.join(out, "curves.png")  # written after the last CSV row
             if not (args.reuse and os.path.exists(done_marker)):
-                cmd = [sys.executable, script, "--estimator", estimator, "--seed", str(seed), "--out", out,
-                       "--cross-check", "--no-progress", *example_args]
+                cmd = [sys.executable, script, example.flag, estimator, "--seed", str(seed), "--out", out,
+                       *(["--cross-check"] if example.cross_check else []), "--no-progress", *example_args]
                 print("$ python", " ".join([os.path.relpath(script), *cmd[2:]]), flush=True)
                 start = time.perf_counter()
                 result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -93,58 +117,68 @@ def run_all(args, example_args):
 
 def summarize(args, runs):
     """Per-run numbers, per-estimator aggregates, and the same-seed comparison; returns (run rows, markdown)."""
+    example = EXAMPLES[args.example]
     run_rows = []
     for (estimator, seed), rows in runs.items():
         hit = next((r for r in rows if r["return_mean"] and float(r["return_mean"]) >= args.target_return), None)
         # the first iteration holds one-off costs (Triton's JIT compile, CUDA warm-up): counted apart
         steady = rows[1:] if len(rows) > 1 else rows
-        estimator_time = sum(float(r["estimator_time_s"]) for r in steady)
+        estimator_time = sum(float(r[example.time_key]) for r in steady)
+        iteration_time = sum(float(r["iteration_time_s"]) for r in steady)
+        frames = int(steady[-1]["frames"]) - (int(rows[0]["frames"]) if len(rows) > 1 else 0)
         run_rows.append({
             "estimator": estimator, "seed": seed, "iterations": len(rows), "frames": rows[-1]["frames"],
             "wall_time_s": rows[-1]["wall_time_s"], "final_return": rows[-1]["return_mean"],
             "frames_to_target": hit["frames"] if hit else "",
+            "fps": f"{frames / iteration_time:.0f}",
             "estimator_ms_per_call": f"{1e3 * estimator_time / sum(int(r.get('updates', 1)) for r in steady):.3f}",
-            "estimator_share": f"{estimator_time / sum(float(r['iteration_time_s']) for r in steady):.5f}",
-            "first_iteration_estimator_ms": f"{1e3 * float(rows[0]['estimator_time_s']):.1f}",
-            "adv_max_abs_diff": max(float(r["adv_max_abs_diff"]) for r in rows),
-            "target_max_abs_diff": max(float(r["target_max_abs_diff"]) for r in rows),
-            "first_row_adv_max_abs_diff": float(rows[0]["adv_max_abs_diff"]),
+            "estimator_share": f"{estimator_time / iteration_time:.5f}",
+            "first_iteration_estimator_ms": f"{1e3 * float(rows[0][example.time_key]):.1f}",
         })
+        if example.cross_check:
+            run_rows[-1].update({
+                "adv_max_abs_diff": max(float(r["adv_max_abs_diff"]) for r in rows),
+                "target_max_abs_diff": max(float(r["target_max_abs_diff"]) for r in rows),
+                "first_row_adv_max_abs_diff": float(rows[0]["adv_max_abs_diff"]),
+            })
 
     lines = [f"{args.example}: {args.seeds} seeds per estimator, target return {args.target_return:g}", "",
              "| estimator | final return (mean ± std) | reached target (runs) | frames to target (mean) "
-             "| wall time s (mean ± std) | estimator ms/call | estimator share of iteration time "
+             "| wall time s (mean ± std) | frames/s | estimator ms/call | estimator share of iteration time "
              "| estimator ms, first iteration |",
-             "|---|---|---|---|---|---|---|---|"]
-    for estimator in ESTIMATORS:
+             "|---|---|---|---|---|---|---|---|---|"]
+    for estimator in example.estimators:
         mine = [r for r in run_rows if r["estimator"] == estimator]
         ret_m, ret_s = mean_std(float(r["final_return"]) for r in mine)
         wall_m, wall_s = mean_std(float(r["wall_time_s"]) for r in mine)
         hits = [int(r["frames_to_target"]) for r in mine if r["frames_to_target"]]
         share = statistics.fmean(float(r["estimator_share"]) for r in mine)
+        fps = statistics.fmean(float(r["fps"]) for r in mine)
         call = statistics.fmean(float(r["estimator_ms_per_call"]) for r in mine)
         first = statistics.fmean(float(r["first_iteration_estimator_ms"]) for r in mine)
         reached = f"{len(hits)}/{len(mine)} | {statistics.fmean(hits):.0f}" if hits else f"0/{len(mine)} | -"
         lines.append(f"| {estimator} | {ret_m:.1f} ± {ret_s:.1f} | {reached} | {wall_m:.1f} ± {wall_s:.1f} | "
-                     f"{call:.2f} | {100 * share:.2f}% | {first:.1f} |")
-    lines += ["", "Estimator time per call and share: iterations after the first (the first holds one-off costs, "
-              "e.g. Triton's JIT compile; its estimator time is the last column). The estimator's time includes its "
-              "value-network forward pass."]
+                     f"{fps:.0f} | {call:.2f} | {100 * share:.2f}% | {first:.1f} |")
+    lines += ["", "Frames per second, estimator time per call and share: iterations after the first (the first "
+              "holds one-off costs, e.g. Triton's JIT compile; its estimator time is the last column). The "
+              "estimator's time includes its value-network forward pass."]
 
-    adv = max(r["adv_max_abs_diff"] for r in run_rows)
-    target = max(r["target_max_abs_diff"] for r in run_rows)
-    first = max(r["first_row_adv_max_abs_diff"] for r in run_rows)
-    lines += ["", "Both estimator classes on the same batches (every batch of every run, `--cross-check`): "
-              f"largest |advantage difference| {adv:.3g}, largest |value target difference| {target:.3g} "
-              f"(first CSV row of each run: {first:.3g}).", "",
-              "Same seed, torchrl run vs triton run (the values as progress.csv logs them: losses to 5 significant "
-              "digits, the mean return of the last episodes):", "",
+    if example.cross_check:
+        adv = max(r["adv_max_abs_diff"] for r in run_rows)
+        target = max(r["target_max_abs_diff"] for r in run_rows)
+        first = max(r["first_row_adv_max_abs_diff"] for r in run_rows)
+        lines += ["", "Both estimator classes on the same batches (every batch of every run, `--cross-check`): "
+                  f"largest |advantage difference| {adv:.3g}, largest |value target difference| {target:.3g} "
+                  f"(first CSV row of each run: {first:.3g})."]
+    base, ours = example.estimators
+    lines += ["", f"Same seed, {base} run vs {ours} run (the values as progress.csv logs them: losses to 5 "
+              "significant digits, the mean return of the last episodes):", "",
               "| seed | logged losses first differ at (frames) | mean return first differs at (frames) | "
-              "largest return gap | final returns (torchrl / triton) |", "|---|---|---|---|---|"]
+              f"largest return gap | final returns ({base} / {ours}) |", "|---|---|---|---|---|"]
     for seed in range(args.seeds):
-        a, b = runs["torchrl", seed], runs["triton", seed]
+        a, b = runs[base, seed], runs[ours, seed]
         n = min(len(a), len(b))
-        first_loss = next((i for i in range(n) if any(a[i][k] != b[i][k] for k in LOGGED_LOSSES)), None)
+        first_loss = next((i for i in range(n) if any(a[i][k] != b[i][k] for k in example.losses)), None)
         first_ret = next((i for i in range(n) if a[i]["return_mean"] != b[i]["return_mean"]), None)
         gap = max((abs(float(a[i]["return_mean"]) - float(b[i]["return_mean"])) for i in range(n)
                    if a[i]["return_mean"] and b[i]["return_mean"]), default=0.0)
@@ -154,10 +188,10 @@ def summarize(args, runs):
     return run_rows, "\n".join(lines) + "\n"
 
 
-def aggregate_curves(runs, seeds):
+def aggregate_curves(runs, seeds, estimators):
     """Mean and std over seeds at each iteration, per estimator (the runs of one estimator share their frames)."""
     curves = []
-    for estimator in ESTIMATORS:
+    for estimator in estimators:
         per_seed = [runs[estimator, s] for s in range(seeds)]
         for i in range(min(len(rows) for rows in per_seed)):
             returns = [float(rows[i]["return_mean"]) for rows in per_seed if rows[i]["return_mean"]]
@@ -171,14 +205,14 @@ def aggregate_curves(runs, seeds):
     return curves
 
 
-def plot(curves, path, title):
+def plot(curves, path, title, example):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for estimator, color, style in zip(ESTIMATORS, ("tab:blue", "tab:orange"), ("-", "--")):
+    for estimator, color, style in zip(example.estimators, ("tab:blue", "tab:orange"), ("-", "--")):
         rows = [c for c in curves if c["estimator"] == estimator]
         mean = [float(c["return_mean"]) for c in rows]
         low = [m - float(c["return_std"]) for m, c in zip(mean, rows)]
@@ -193,7 +227,7 @@ def plot(curves, path, title):
     axes[0].set_ylabel("mean episode return (mean ± std over seeds)")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(title="--estimator", loc="lower right")
+        ax.legend(title=example.flag, loc="lower right")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -213,11 +247,12 @@ def main(argv=None):
     runs = run_all(args, example_args)
 
     run_rows, table = summarize(args, runs)
-    curves = aggregate_curves(runs, args.seeds)
+    example = EXAMPLES[args.example]
+    curves = aggregate_curves(runs, args.seeds, example.estimators)
     write_csv(os.path.join(args.out, "runs.csv"), run_rows)
     write_csv(os.path.join(args.out, "curves.csv"), curves)
     plot(curves, os.path.join(args.out, "curves.png"),
-         " ".join([EXAMPLES[args.example], *example_args]) + f": {args.seeds} seeds per estimator")
+         " ".join([example.script, *example_args]) + f": {args.seeds} seeds per estimator", example)
     argv = sys.argv[1:] if argv is None else argv
     command = " ".join(["python", "examples/compare_curves.py", *(a for a in argv if a != "--reuse")])
     with open(os.path.join(args.out, "summary.md"), "w") as f:

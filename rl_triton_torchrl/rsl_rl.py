@@ -154,9 +154,15 @@ def _targets(st, last_value: torch.Tensor, gamma: float, lmbda: float, normalize
     advantages, returns = gae(st.rewards, st.values, None, _done_flags(st.dones), gamma=gamma, lmbda=lmbda,
                               time_dim=0, last_state_value=last_value.to(st.values.dtype))
     if normalize:
-        std, mean = torch.std_mean(advantages)
-        advantages.sub_(mean).div_(std.add_(_EPS))
+        _normalize_(advantages)
     return advantages, returns
+
+
+def _normalize_(advantages: torch.Tensor) -> torch.Tensor:
+    """rsl_rl's batch normalisation, ``(A - mean) / (std + 1e-8)``, in place: one ``std_mean`` and three
+    elementwise kernels."""
+    std, mean = torch.std_mean(advantages)
+    return advantages.sub_(mean).div_(std.add_(_EPS))
 
 
 class _ReturnsGraph:

@@ -180,6 +180,26 @@ def test_rsl_rl_ppo(tmp_path, algorithm, extra):
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)
 
 
+@pytest.mark.parametrize("example, args", [
+    ("rsl_rl", ["--device", "cpu", "--num-envs", "8", "--steps", "6", "--iterations", "3"]),
+    ("ppo_gpu", TINY_GPU_PPO[:-1] + ["--recompute-advantage"]),
+], ids=["rsl_rl", "ppo_gpu"])
+def test_compare_curves_gpu_examples(tmp_path, example, args):
+    """compare_curves runs the examples with the environments on the device: both classes, one seed."""
+    if example == "rsl_rl":
+        pytest.importorskip("rsl_rl")
+    load("compare_curves").main(["--example", example, "--seeds", "1", "--out", str(tmp_path), *args])
+    estimators = ("rsl_rl", "triton") if example == "rsl_rl" else ("torchrl", "triton")
+    runs = read_rows(tmp_path / "runs.csv")
+    assert sorted(r["estimator"] for r in runs) == sorted(estimators)
+    assert all(float(r["fps"]) > 0 and float(r["estimator_ms_per_call"]) > 0 for r in runs)
+    if example == "ppo_gpu":
+        assert all(float(r["adv_max_abs_diff"]) <= 1e-4 for r in runs)
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"Same seed, {estimators[0]} run vs triton run" in summary and "frames/s" in summary
+    assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)
+
+
 SCRIPTS = ("ppo_gymnasium", "ppo_ddp", "impala_vtrace", "compare_curves", "sb3_ppo", "gae_quickstart", "ppo_gpu",
            "rsl_rl_ppo")
 
