@@ -6,6 +6,8 @@ patterns, layouts, dtypes, coefficient tensors, carried states, the multi-chunk 
 """
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torchrl.objectives.value.functional import vtrace_advantage_estimate
@@ -422,6 +424,56 @@ def test_bad_inputs_retrace():
         retrace(*args, log_ratio=lr[:1], gamma=0.9)
     with pytest.raises(TypeError, match="terminated"):
         retrace(*args[:4], args[4].float(), log_ratio=lr, gamma=0.9)
+
+
+def _per_action_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values as the ``[*B, T, A]`` tensor ``x``, stored another way."""
+    if layout == "actions_outermost":  # the action dimension has the largest stride
+        return x.movedim(-1, 0).contiguous().movedim(0, -1)
+    if layout == "every_other_action":  # a slice: stride 2 along the actions
+        wide = torch.full((*x.shape[:-1], 2 * x.shape[-1]), float("nan"), dtype=x.dtype, device=x.device)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    if layout == "batch_permuted":  # batch dimensions that do not merge into one stride
+        return x.movedim(1, 0).contiguous().movedim(0, 1)
+    return x
+
+
+PER_ACTION_LAYOUTS = [((3, 41), 1, "actions_outermost"), ((3, 41), 1, "every_other_action"),
+                      ((2, 3, 29), 2, "batch_permuted"), ((37, 4), 0, "actions_outermost"), ((37, 4), 0, "contig")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("log_form", [False, True], ids=["prob", "log_prob"])
+@pytest.mark.parametrize("shape,time_dim,layout", PER_ACTION_LAYOUTS,
+                         ids=[case_id(s, t, extra=lay) for s, t, lay in PER_ACTION_LAYOUTS])
+def test_retrace_discrete_per_action_layouts(shape, time_dim, layout, log_form, backend, monkeypatch):
+    """The per-action tensors in any storage (the fused kernel reads them where they are, offsetting entry 0 by
+    the action stride), time-major too, with carried states; against the float64 reference on contiguous copies.
+    No per-action tensor is copied whose batch dimensions merge."""
+    x = make_rollout(shape, time_dim, "random")
+    stored = {k: _per_action_layout(x[k], layout) for k in ("pi", "q_values", "next_pi", "next_q_values")}
+    call, ref, _ = ALGOS["retrace_discrete_log" if log_form else "retrace_discrete"]
+    state = randn(x["reward"].shape[:time_dim] + x["reward"].shape[time_dim + 1:], torch.Generator().manual_seed(5))
+    kw = {"gamma": GAMMA, **_coefs("retrace"), "time_dim": time_dim}
+    launched = {}
+    module = sys.modules[retrace_discrete.__module__]
+    original = module.launch
+
+    def spy(kernel, layout_, **kwargs):
+        launched.update({k: v.data_ptr() for k, v in kwargs["inputs"].items()})
+        return original(kernel, layout_, **kwargs)
+
+    monkeypatch.setattr(module, "launch", spy)
+    q_ret, adv, ht = call({**x, **stored}, backend=backend, initial_state=state.to(DEVICE), output_final_state=True,
+                          **kw)
+    (e_ret, e_adv), e_ht = ref(x, initial_state=state.double().to(DEVICE), **kw)
+    for name, out, expected in (("q_ret", q_ret, e_ret), ("advantage", adv, e_adv), ("final state", ht, e_ht)):
+        assert_close(name, out, expected, torch.float32)
+    if backend == "triton":
+        for short, name in (("pi", "pi"), ("q", "q_values"), ("npi", "next_pi"), ("nq", "next_q_values")):
+            copied = launched[short] != stored[name].data_ptr()
+            assert copied == (layout == "batch_permuted"), f"{name} copied: {copied}"
 
 
 def test_bad_inputs_retrace_discrete():

@@ -2,6 +2,7 @@
 
     python tools/sass_sm90.py                                  # every algorithm at 4096 x 512 and 4096 x 8
     python tools/sass_sm90.py --shapes 65536x128 --algorithms gae,vtrace --dump /tmp/sass
+    python tools/sass_sm90.py --algorithms retrace,retrace_discrete            # also the discrete-action form
 
 Each algorithm is called on CPU tensors of the given ``[B, T, 1]`` shapes; each kernel launch is compiled instead
 of run, with the specialization Triton would give those arguments on a GPU (alignment, divisibility, constants:
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="4096x512,4096x8", help="comma-separated BxT")
     parser.add_argument("--algorithms", "--algos", default="gae,td_lambda,vtrace,retrace,discounted_return,"
                         "eligibility_traces,episodic_prefix_sum")
-    parser.add_argument("--dump", help="a folder for each kernel's SASS listing")
+    parser.add_argument("--dump", help="a folder for each kernel's SASS listing and Triton GPU IR (layouts)")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
     os.environ["TRITON_INTERPRET"] = "1"  # after the kernels were built: only lets backend="triton" take CPU tensors
@@ -106,7 +107,10 @@ def main(argv=None) -> int:
         x = bench_kernels.rollout(B, T, torch.float32, "with")
         for algo in args.algorithms.split(","):
             n = len(compiled)
-            bench_kernels.ALGOS[algo].call(x, "triton")
+            if algo == "retrace_discrete":  # not in bench_kernels' grid
+                _retrace_discrete(x)
+            else:
+                bench_kernels.ALGOS[algo].call(x, "triton")
             for name, grid, kw, kernel in compiled[n:]:
                 sass, res = sass_of(kernel)
                 ops = opcodes(sass)
@@ -118,7 +122,21 @@ def main(argv=None) -> int:
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     (Path(args.dump) / f"{algo}_{B}x{T}_{name}.sass").write_text(sass)
+                    (Path(args.dump) / f"{algo}_{B}x{T}_{name}.ttgir").write_text(kernel.asm["ttgir"])
     return 0
+
+
+def _retrace_discrete(x, n_actions: int = 4):
+    """``retrace_discrete`` on the rollout ``x`` with ``n_actions`` actions (bench_peers' setting)."""
+    from rl_triton_torchrl.kernels import retrace_discrete
+
+    r, d, t = x["r"][..., 0], x["d"][..., 0], None if x["t"] is None else x["t"][..., 0]
+    per_action = (*r.shape, n_actions)
+    pi, npi = (torch.softmax(torch.randn(per_action), -1) for _ in range(2))
+    q, nq = torch.randn(per_action), torch.randn(per_action)
+    action = torch.randint(n_actions, r.shape)
+    retrace_discrete(pi, action, q, npi, nq, r, d, t, behavior_prob=torch.rand(r.shape) + 0.1, gamma=0.99,
+                     lmbda=0.95, time_dim=1, backend="triton")
 
 
 if __name__ == "__main__":

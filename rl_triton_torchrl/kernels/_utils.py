@@ -423,11 +423,20 @@ def rows_strides(x: torch.Tensor, layout: Layout) -> tuple[torch.Tensor, tuple[i
         x = x.expand(layout.shape)
     elif x.is_contiguous() and not layout.empty:  # the common case, without merging dimensions
         return x, layout.contiguous_strides
-    td = layout.time_dim
-    so = _merged_stride(x.shape[:td], x.stride()[:td])
-    si = _merged_stride(x.shape[td + 1 :], x.stride()[td + 1 :])
+    so, si = _outer_inner_strides(x, layout)
     if so is None or si is None:
         x = x.contiguous()
         return rows_strides(x, layout)
-    st = x.stride(td) if layout.T > 1 else 0
+    st = x.stride(layout.time_dim) if layout.T > 1 else 0
     return x, (so, st, si)
+
+
+def _outer_inner_strides(x: torch.Tensor, layout: Layout) -> tuple[int | None, int | None]:
+    """The strides of the outer and of the inner dimensions of ``x`` each merged into one (None: not mergeable)."""
+    td = layout.time_dim
+    return _merged_stride(x.shape[:td], x.stride()[:td]), _merged_stride(x.shape[td + 1 :], x.stride()[td + 1 :])
+
+
+def views_without_copy(x: torch.Tensor, layout: Layout) -> bool:
+    """Whether ``rows_strides`` views ``x`` (of ``layout.shape``) as it is, without a copy."""
+    return None not in _outer_inner_strides(x, layout)

@@ -39,10 +39,11 @@ import torch
 from ._triton import tl, triton
 from ._utils import (
     DEFAULT_TIME_DIM, InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values,
-    resolve_backend,
+    resolve_backend, views_without_copy,
 )
 from .scan import (
-    chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs,
+    chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_gather, load_index, load_not_flags,
+    load_tile, new_outputs,
     not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state,
     store_tile, zero_where,
 )
@@ -60,18 +61,37 @@ _retrace_coefficients = triton.jit(retrace_coefficients)
 
 
 @triton.jit
-def _trace(
-    ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t, m,
-    s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i,
-    ACC: tl.constexpr, LOG_RATIO: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
-):
-    """The traces c = lmbda * min(c_bar, ratio) [BLOCK_R, BLOCK_T] of the steps o_t."""
-    b_ratio = load_tile(ratio_ptr, o_o, o_i, o_t, s_ratio_o, s_ratio_t, s_ratio_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-    if LOG_RATIO:
-        b_ratio = tl.exp(b_ratio)
+def _clipped_trace(b_ratio, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t, m,
+                   s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i,
+                   ACC: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr):
+    """The traces c = lmbda * min(c_bar, ratio) [BLOCK_R, BLOCK_T] of the steps o_t, from their ratios."""
     b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
     b_cb = load_coef(c_bar_ptr, c_bar, o_o, o_i, o_t, s_c_bar_o, s_c_bar_t, s_c_bar_i, m, ACC, C_BAR_TENSOR)
     return b_l * tl.minimum(b_ratio, b_cb, propagate_nan=tl.PropagateNan.ALL)  # a NaN ratio gives a NaN trace
+
+
+@triton.jit
+def _ratio(ratio_ptr, o_o, o_i, o_t, s_ratio_o, s_ratio_t, s_ratio_i, m, ACC: tl.constexpr,
+           LOG_RATIO: tl.constexpr):
+    """The ratios pi / mu [BLOCK_R, BLOCK_T] of the steps o_t, loaded (or their logs, exponentiated)."""
+    b_ratio = load_tile(ratio_ptr, o_o, o_i, o_t, s_ratio_o, s_ratio_t, s_ratio_i, m, ACC)
+    if LOG_RATIO:
+        b_ratio = tl.exp(b_ratio)
+    return b_ratio
+
+
+@triton.jit
+def _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
+                  n_chunks, LOOKBACK: tl.constexpr):
+    """Q_ret [BLOCK_R, BLOCK_T] of one tile and the state leaving it, from its rewards, expected next Q (already 0
+    where terminated), not-done and not-terminated flags, discounts, and the next step's trace c_(t+1) and
+    Q(s_(t+1), a_(t+1)) (``m_t1``: t + 1 inside the window; that Q loaded as 0 past it)."""
+    # c_(t+1): past the window end 1, the carried state being c_T g_T already; not read after a done step (it
+    # belongs to the next episode)
+    b_c1 = tl.where(m_t1, zero_where(b_c1, b_nd == 0), 1.0)
+    b_a, b_b = _retrace_coefficients(b_r, b_nq, b_nd, b_nterm, b_g, b_c1)
+    b_q1 = zero_where(b_q1, b_a == 0)  # not read where a_t = 0
+    return scan_tile(b_a, b_b - b_a * b_q1, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
 
 
 @triton.jit
@@ -99,29 +119,106 @@ def _retrace_fwd_kernel(
         # the expected Q' of a terminated step is never read (nor can a NaN there leak)
         b_nq = zero_where(load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC), b_nterm == 0)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
-        # c_(t+1): a load one step later; past the window end 1, the carried state being c_T g_T already; not read
-        # after a done step (it belongs to the next episode)
+        # c_(t+1) and Q(s_(t+1), a_(t+1)): loads one step later
         o_t1 = o_t + 1
         m_t1 = o_t1 < T
-        b_c1 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1,
-                      m_r[:, None] & m_t1,
-                      s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
-                      s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
-        b_c1 = tl.where(m_t1, zero_where(b_c1, b_nd == 0), 1.0)  # [BLOCK_R, BLOCK_T]
-        b_a, b_b = _retrace_coefficients(b_r, b_nq, b_nd, b_nterm, b_g, b_c1)
-        # Q(s_(t+1), a_(t+1)), 0 past the window end, and not read where a_t = 0
-        b_q1 = zero_where(load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m_r[:, None] & m_t1, ACC),
-                          b_a == 0)
-        b_qret, b_h = scan_tile(b_a, b_b - b_a * b_q1, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+        m1 = m_r[:, None] & m_t1
+        b_c1 = _clipped_trace(_ratio(ratio_ptr, o_o, o_i, o_t1, s_ratio_o, s_ratio_t, s_ratio_i, m1, ACC, LOG_RATIO),
+                              lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1, m1, s_lmbda_o, s_lmbda_t, s_lmbda_i,
+                              s_c_bar_o, s_c_bar_t, s_c_bar_i, ACC, LMBDA_TENSOR, C_BAR_TENSOR)
+        b_q1 = load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m1, ACC)
+        b_qret, b_h = _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A, lb_ptr, o_r,
+                                    i_c, n_chunks, LOOKBACK)
         store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m)
         store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m)
     if STORE_FINAL_STATE:  # u_0 = c_0 (Q_ret_0 - Q_0), from column 0 of a first-chunk tile
         o_t = tl.arange(0, BLOCK_T).to(tl.int64)[None, :]
         m_0 = m_r[:, None] & (o_t == 0)
-        b_c0 = _trace(ratio_ptr, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t, m_0,
-                      s_ratio_o, s_ratio_t, s_ratio_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t,
-                      s_c_bar_i, ACC, LOG_RATIO, LMBDA_TENSOR, C_BAR_TENSOR)
+        b_c0 = _clipped_trace(_ratio(ratio_ptr, o_o, o_i, o_t, s_ratio_o, s_ratio_t, s_ratio_i, m_0, ACC, LOG_RATIO),
+                              lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t, m_0, s_lmbda_o, s_lmbda_t, s_lmbda_i,
+                              s_c_bar_o, s_c_bar_t, s_c_bar_i, ACC, LMBDA_TENSOR, C_BAR_TENSOR)
         b_q0 = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m_0, ACC)  # [BLOCK_R, BLOCK_T]
+        b_h = edge_column(b_c0, True) * (b_h - edge_column(b_q0, True))  # [BLOCK_R]
+    store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
+
+
+@triton.jit
+def _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t, m,
+           s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o, s_mu_t, s_mu_i,
+           ACC: tl.constexpr, LOG_RATIO: tl.constexpr):
+    """(pi(a_t|s_t) / mu(a_t|s_t), Q(s_t, a_t)) [BLOCK_R, BLOCK_T] of the taken actions a_t of the steps o_t, by a
+    gather along the action dimension; NaN for an action index outside [0, n_actions) (on CUDA nothing checks it
+    before the kernel: a NaN instead of a read out of bounds). ``mu`` is mu(a_t|s_t), or its log with
+    ``LOG_RATIO``."""
+    b_idx = load_index(act_ptr, o_o, o_i, o_t, s_act_o, s_act_t, s_act_i, m)
+    b_ok = (b_idx >= 0) & (b_idx < n_actions)
+    b_pi = load_gather(pi_ptr, b_idx, s_pi_a, o_o, o_i, o_t, s_pi_o, s_pi_t, s_pi_i, m & b_ok, ACC)
+    b_q = load_gather(q_ptr, b_idx, s_q_a, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m & b_ok, ACC)
+    b_mu = load_tile(mu_ptr, o_o, o_i, o_t, s_mu_o, s_mu_t, s_mu_i, m, ACC)
+    if LOG_RATIO:
+        b_ratio = tl.exp(tl.log(b_pi) - b_mu)
+    else:
+        b_ratio = b_pi / b_mu
+    return tl.where(b_ok, b_ratio, float("nan")), tl.where(b_ok, b_q, float("nan"))
+
+
+@triton.jit
+def _retrace_discrete_fwd_kernel(
+    r_ptr, q_ptr, nq_ptr, pi_ptr, npi_ptr, act_ptr, mu_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, c_bar_ptr,
+    qret_ptr, adv_ptr, h0_ptr, ht_ptr, lb_ptr,
+    gamma, lmbda, c_bar, n_rows, inner, T, n_actions, s_q_a, s_nq_a, s_pi_a, s_npi_a,
+    s_r_o, s_r_t, s_r_i, s_q_o, s_q_t, s_q_i, s_nq_o, s_nq_t, s_nq_i, s_pi_o, s_pi_t, s_pi_i,
+    s_npi_o, s_npi_t, s_npi_i, s_act_o, s_act_t, s_act_i, s_mu_o, s_mu_t, s_mu_i,
+    s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+    s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i,
+    ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
+    LOG_RATIO: tl.constexpr, SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
+    STORE_FINAL_STATE: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    """``_retrace_fwd_kernel`` on the per-action tensors of a discrete action space: ``q``, ``nq``, ``pi`` and
+    ``npi`` point at action 0 of ``[*B, T, A]`` tensors (their strides those of that entry's view, ``s_*_a`` the
+    action dimension's), ``act`` the taken actions, ``mu`` their behaviour probabilities (or logs). The gathers of
+    the taken action and the expectation over the next step's actions happen here, in ACC."""
+    o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+    for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK)
+        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
+                                       s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
+        _, b_q = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t, m,
+                        s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o, s_mu_t,
+                        s_mu_i, ACC, LOG_RATIO)
+        # E_pi Q(s'_t, .) = sum_a pi(a|s'_t) Q(s'_t, a); a terminated step's is never read (nor can a NaN leak)
+        b_nq = tl.zeros_like(b_r)
+        for a in range(n_actions):
+            b_nq += (load_tile(npi_ptr + a * s_npi_a, o_o, o_i, o_t, s_npi_o, s_npi_t, s_npi_i, m, ACC)
+                     * load_tile(nq_ptr + a * s_nq_a, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC))
+        b_nq = zero_where(b_nq, b_nterm == 0)
+        b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
+        # c_(t+1) and Q(s_(t+1), a_(t+1)): gathers one step later
+        o_t1 = o_t + 1
+        m_t1 = o_t1 < T
+        m1 = m_r[:, None] & m_t1
+        b_ratio1, b_q1 = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t1, m1,
+                                s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o,
+                                s_mu_t, s_mu_i, ACC, LOG_RATIO)
+        b_c1 = _clipped_trace(b_ratio1, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1, m1, s_lmbda_o,
+                              s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i, ACC, LMBDA_TENSOR, C_BAR_TENSOR)
+        b_qret, b_h = _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A, lb_ptr, o_r,
+                                    i_c, n_chunks, LOOKBACK)
+        store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m)
+        store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m)
+    if STORE_FINAL_STATE:  # u_0 = c_0 (Q_ret_0 - Q_0), from column 0 of a first-chunk tile
+        o_t = tl.arange(0, BLOCK_T).to(tl.int64)[None, :]
+        m_0 = m_r[:, None] & (o_t == 0)
+        b_ratio0, b_q0 = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t, m_0,
+                                s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o,
+                                s_mu_t, s_mu_i, ACC, LOG_RATIO)
+        b_c0 = _clipped_trace(b_ratio0, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t, m_0, s_lmbda_o,
+                              s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i, ACC, LMBDA_TENSOR, C_BAR_TENSOR)
         b_h = edge_column(b_c0, True) * (b_h - edge_column(b_q0, True))  # [BLOCK_R]
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
@@ -256,11 +353,13 @@ def retrace_discrete(
 ):
     r"""Retrace(:math:`\lambda`) targets for a discrete action space, from per-action tensors.
 
-    Reduces its inputs to those of :func:`retrace` with a few torch ops, in the accumulation dtype (float32, or
-    float64 for float64 inputs): :math:`Q(s_t, a_t)` and :math:`\pi(a_t|s_t)` by a gather along the action
-    dimension, :math:`\mathbb{E}_\pi Q(s'_t, \cdot) = \sum_a \pi(a|s'_t) Q(s'_t, a)` by a product and a sum, the
-    ratio by a division (or a difference of logs); then runs the generic kernel (or torch path) on them and casts
-    its outputs to the input dtype (a no-op for float32 and float64).
+    :func:`retrace` on the reductions of the per-action tensors, in the accumulation dtype (float32, or float64
+    for float64 inputs): :math:`Q(s_t, a_t)` and :math:`\pi(a_t|s_t)` by a gather along the action dimension,
+    :math:`\mathbb{E}_\pi Q(s'_t, \cdot) = \sum_a \pi(a|s'_t) Q(s'_t, a)`, and the ratio by a division (or a
+    difference of logs). On the Triton path one kernel does it all, the gathers and the sum over actions on chip,
+    reading each per-action tensor where it is; on the torch path (and where autograd or torch.compile needs the
+    differentiable scan) a few torch ops reduce them for :func:`retrace`, whose outputs are cast to the input
+    dtype.
 
     Args:
         pi (Tensor): ``[*B, T, A]`` target-policy probabilities :math:`\pi(\cdot|s_t)`, actions last.
@@ -331,30 +430,61 @@ def retrace_discrete(
         raise InputError(f"{mu_name} has shape {tuple(mu.shape)}, expected {tuple(action.shape)}")
     if mu.device != layout.device:
         raise InputError(f"{mu_name} is on {mu.device} but pi is on {layout.device}")
-    check_inputs(layout.time_dim, {"reward": reward, mu_name: mu}, {"done": done, "terminated": terminated},
-                 {"initial_state": initial_state}, optional=("terminated",))  # the per-step inputs, [*B, T]
+    steps = check_inputs(layout.time_dim, {"reward": reward, mu_name: mu}, {"done": done, "terminated": terminated},
+                         {"initial_state": initial_state}, optional=("terminated",))  # the per-step inputs, [*B, T]
     for name, p in (("pi", pi), ("next_pi", next_pi), ("behavior_prob", behavior_prob)):
         check_nonnegative(name, p)
-    # the reductions in the accumulation dtype; the generic kernel runs on them, and the outputs are cast back
-    acc, dtype = layout.acc_dtype, layout.dtype
-    idx = action.unsqueeze(-1)
-    if not checked:
-        valid = (action >= 0) & (action < n_actions)
-        idx = torch.where(valid, action, 0).unsqueeze(-1)
-    q_taken = q_values.gather(-1, idx).squeeze(-1).to(acc)
-    pi_taken = pi.gather(-1, idx).squeeze(-1).to(acc)
-    if not checked:
-        q_taken, pi_taken = (torch.where(valid, x, float("nan")) for x in (q_taken, pi_taken))
-    if behavior_log_prob is None and checks_values(pi_taken):
+    if behavior_log_prob is None and checks_values(pi):
+        pi_taken = pi.gather(-1, action.unsqueeze(-1)).squeeze(-1)  # the indices are checked: all valid
         check_values("behavior_prob", behavior_prob, (pi_taken == 0) & (behavior_prob == 0),
                      "must not be 0 where pi of the taken action is 0 too (the ratio 0/0)")
-    next_expected_q = (next_pi.to(acc) * next_q_values.to(acc)).sum(-1)
-    if behavior_log_prob is None:
-        weights = {"ratio": pi_taken / behavior_prob.to(acc)}
-    else:
-        weights = {"log_ratio": pi_taken.log() - behavior_log_prob.to(acc)}
-    out = retrace(q_taken, next_expected_q, reward.to(acc), done, terminated, **weights, gamma=gamma, lmbda=lmbda,
-                  c_bar=c_bar, time_dim=layout.time_dim, initial_state=initial_state,
-                  output_final_state=output_final_state, backend=backend)
-    q_ret, adv = out[0].to(dtype), out[1].to(dtype)
-    return (q_ret, adv, out[2]) if output_final_state else (q_ret, adv)
+    path = resolve_backend(backend, layout.device, pi, q_values, next_pi, next_q_values, reward, mu, gamma, lmbda,
+                           c_bar, initial_state)
+    if path != "triton" or steps.empty:
+        # the reductions in the accumulation dtype; the generic torch path (or scan) runs on them, and the outputs
+        # are cast back
+        acc, dtype = layout.acc_dtype, layout.dtype
+        idx = action.unsqueeze(-1)
+        if not checked:
+            valid = (action >= 0) & (action < n_actions)
+            idx = torch.where(valid, action, 0).unsqueeze(-1)
+        q_taken = q_values.gather(-1, idx).squeeze(-1).to(acc)
+        pi_taken = pi.gather(-1, idx).squeeze(-1).to(acc)
+        if not checked:
+            q_taken, pi_taken = (torch.where(valid, x, float("nan")) for x in (q_taken, pi_taken))
+        next_expected_q = (next_pi.to(acc) * next_q_values.to(acc)).sum(-1)
+        if behavior_log_prob is None:
+            weights = {"ratio": pi_taken / behavior_prob.to(acc)}
+        else:
+            weights = {"log_ratio": pi_taken.log() - behavior_log_prob.to(acc)}
+        out = retrace(q_taken, next_expected_q, reward.to(acc), done, terminated, **weights, gamma=gamma,
+                      lmbda=lmbda, c_bar=c_bar, time_dim=layout.time_dim, initial_state=initial_state,
+                      output_final_state=output_final_state, backend=backend)
+        q_ret, adv = out[0].to(dtype), out[1].to(dtype)
+        return (q_ret, adv, out[2]) if output_final_state else (q_ret, adv)
+    # one kernel: the gathers and the expectation over actions on chip, each per-action tensor read where it is
+    per_action = {name: _action_entry(x, steps) for name, x in
+                  (("q", q_values), ("nq", next_q_values), ("pi", pi), ("npi", next_pi))}
+    q_ret, adv = new_outputs(steps, 2)
+    ht = launch(
+        _retrace_discrete_fwd_kernel, steps,
+        inputs={"r": reward, **{name: view for name, (view, _) in per_action.items()}, "act": action, "mu": mu,
+                "d": done, "term": done if terminated is None else terminated},
+        coefs={"gamma": check_coef("gamma", gamma, steps), "lmbda": check_coef("lmbda", lmbda, steps),
+               "c_bar": check_coef("c_bar", c_bar, steps, high=None)},
+        outputs={"qret": q_ret, "adv": adv},
+        initial_state=initial_state, output_final_state=output_final_state, LOG_RATIO=behavior_log_prob is not None,
+        n_actions=n_actions, **{f"s_{name}_a": stride for name, (_, stride) in per_action.items()},
+    )
+    return (q_ret, adv, ht) if output_final_state else (q_ret, adv)
+
+
+def _action_entry(x: torch.Tensor, steps) -> tuple[torch.Tensor, int]:
+    """``x[..., 0]`` of a ``[*B, T, A]`` tensor, a view of the per-step layout ``steps`` that the kernel offsets by
+    the action dimension's stride, and that stride. ``x`` is copied (contiguous) first where that view's batch
+    dimensions do not merge, since the launch would copy the view alone."""
+    view = x[..., 0]
+    if not views_without_copy(view, steps):
+        x = x.contiguous()
+        view = x[..., 0]
+    return view, x.stride(-1)

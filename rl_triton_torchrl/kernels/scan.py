@@ -223,6 +223,20 @@ def load_tile(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr):
 
 
 @triton.jit
+def load_index(base, o_o, o_i, o_t, s_o, s_t, s_i, m):
+    """Loads a [BLOCK_R, BLOCK_T] tile of integer indices as int64; masked elements read 0."""
+    return tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i), mask=m, other=0).to(tl.int64)
+
+
+@triton.jit
+def load_gather(base, b_idx, s_a, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr):
+    """Loads ``x[..., b_idx]`` as ACC, a [BLOCK_R, BLOCK_T] tile of a tensor with one more (last) dimension of
+    stride ``s_a``, ``base`` pointing at its entry 0 and ``s_o, s_t, s_i`` the strides of that entry's view; masked
+    elements read 0."""
+    return tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i) + b_idx * s_a, mask=m, other=0).to(ACC)
+
+
+@triton.jit
 def load_coef(base, value, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr, IS_TENSOR: tl.constexpr):
     """A coefficient such as gamma: a tile of a tensor if IS_TENSOR, else the scalar ``value``."""
     if IS_TENSOR:
