@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.triton,
 
 # every kernel (the generic scan's and each algorithm's)
 KERNELS = frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel",
-                     "_retrace_fwd_kernel", "_prefix_sum_fwd_kernel"})
+                     "_retrace_fwd_kernel", "_retrace_discrete_fwd_kernel", "_prefix_sum_fwd_kernel"})
 
 
 @pytest.fixture(params=[(32, False), (-2, False), (32, True), (-2, True)],
@@ -84,6 +84,50 @@ def test_lookback_warp_local_segments(algo, monkeypatch):
     cfg = scan.launch_config(_layout((2, 600, 1)), "_gae_fwd_kernel")
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["grid"]) == (2, 128, (6,))
     _compare(algo, (2, 600, 1), "random", seed=7, with_state=True)
+
+
+@pytest.mark.parametrize("offsets", ["int64", "int32"])
+@pytest.mark.parametrize("mode", ["tiles", "look-back"])
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_offset_types(algo, mode, offsets, monkeypatch):
+    """Every kernel with its offsets in int64 (what inputs past 2**31 elements take: ``INT32_MAX_OFFSET`` lowered so
+    that these do) and in int32 (every kernel in ``INT32_KERNELS``), chunked rows and look-back chunks, against the
+    references."""
+    if offsets == "int64":
+        monkeypatch.setattr(scan, "INT32_MAX_OFFSET", 0)
+    else:
+        monkeypatch.setattr(scan, "INT32_KERNELS", KERNELS)
+    monkeypatch.setattr(scan, "MAX_BLOCK_T", 16)
+    if mode == "look-back":
+        monkeypatch.setattr(scan, "LOOKBACK_MIN_T", 0)
+        monkeypatch.setattr(scan, "LOOKBACK_MAX_ROWS", 10**9)
+        monkeypatch.setattr(scan, "LOOKBACK_BLOCK_T", 16)
+    seen = []
+    launcher = scan.launcher
+
+    def spy(kernel):
+        lean = launcher(kernel)
+
+        def launch(grid, num_warps, maxnreg, **kwargs):
+            seen.append(kwargs["INT64"])
+            return lean(grid, num_warps, maxnreg, **kwargs)
+        return type("Spy", (), {"settings": lean.settings, "name": lean.name, "__call__": staticmethod(launch)})()
+
+    monkeypatch.setattr(scan, "launcher", spy)
+    _compare(algo, (2, 45, 1), "random", seed=3, with_state=True)
+    assert seen and all(flag == (offsets == "int64") for flag in seen), seen
+
+
+def test_int64_offsets_rule():
+    """int32 offsets up to INT32_MAX_OFFSET, counting the outputs' elements and each input's strided extent."""
+    small, big = _layout((4, 100, 1)), _layout((2**16, 2**15 + 1, 1))  # 2**31 + 2**16 elements
+    assert not scan._int64_offsets(small, [small.contiguous_strides])
+    assert scan._int64_offsets(big, [big.contiguous_strides])
+    assert scan._int64_offsets(big, [])  # the outputs alone
+    edge = _layout((2**16, 2**15, 1))  # 2**31 elements: the last one at 2**31 - 1, the largest int32
+    assert not scan._int64_offsets(edge, [edge.contiguous_strides])
+    assert scan._int64_offsets(small, [(2**30, 1, 0)])  # a view into a larger tensor: rows 2**30 apart
+    assert not scan._int64_offsets(small, [(0, 0, 0)])  # a broadcast coefficient
 
 
 def test_deterministic_algorithms_turn_lookback_off(tiny_chunks):

@@ -5,7 +5,8 @@ cannot: code the Triton compiler rejects (the interpreter runs the Python of a k
 
 Every algorithm of ``tests/_algos.py`` is called with ``backend="triton"`` on small CPU tensors; each kernel launch
 is intercepted and its exact arguments (pointer dtypes, None, constexprs, num_warps) are compiled to a cubin with
-Triton's own compiler and assembler, in both launch modes (tiles of rows; one program per chunk with look-back).
+Triton's own compiler and assembler, in both launch modes (tiles of rows; one program per chunk with look-back),
+with int32 offsets and with int64 ones.
 Prints one line per distinct compilation; exits 1 if any fails. Must run without TRITON_INTERPRET.
 """
 from __future__ import annotations
@@ -31,6 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from rl_triton_torchrl.kernels import scan  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+ALL_KERNELS = frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel",
+                         "_retrace_fwd_kernel", "_retrace_discrete_fwd_kernel", "_prefix_sum_fwd_kernel"})
 TYPES = {torch.float32: "*fp32", torch.float64: "*fp64", torch.float16: "*fp16", torch.bfloat16: "*bf16",
          torch.bool: "*i1", torch.int64: "*i64", torch.int32: "*i32", torch.uint8: "*u8"}
 
@@ -97,6 +100,12 @@ def main():
     modes = [("tiles", {"WIDE_MAX_ROWS": 0}), ("wide", {})]
     if not args.quick:
         modes.append(("look-back", {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 2048}))
+        # the other offset type of each kernel (scan.INT32_KERNELS): int64 everywhere (inputs past 2**31 elements),
+        # in row tiles and look-back chunks, and int32 everywhere
+        modes.append(("int64 tiles", {"INT32_MAX_OFFSET": 0, "WIDE_MAX_ROWS": 0}))
+        modes.append(("int64 look-back", {"INT32_MAX_OFFSET": 0, "LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9,
+                                          "LOOKBACK_BLOCK_T": 2048}))
+        modes.append(("int32 tiles", {"INT32_KERNELS": ALL_KERNELS, "WIDE_MAX_ROWS": 0}))
     for mode, settings in modes:
         old = {k: getattr(scan, k) for k in settings}
         for k, v in settings.items():

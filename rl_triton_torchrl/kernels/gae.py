@@ -50,14 +50,14 @@ def _gae_fwd_kernel(
     s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
     SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr, SHIFTED: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr, SHIFTED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     # SHIFTED: V' is v one step on, and nv holds the last value [*B, *F] (time stride 0), read at t = T - 1 only
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,

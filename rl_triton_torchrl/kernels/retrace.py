@@ -105,13 +105,13 @@ def _retrace_fwd_kernel(
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
     LOG_RATIO: tl.constexpr, SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_q = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
@@ -174,7 +174,7 @@ def _retrace_discrete_fwd_kernel(
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
     LOG_RATIO: tl.constexpr, SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """``_retrace_fwd_kernel`` on the per-action tensors of a discrete action space: ``q``, ``nq``, ``pi`` and
@@ -182,9 +182,9 @@ def _retrace_discrete_fwd_kernel(
     action dimension's), ``act`` the taken actions, ``mu`` their behaviour probabilities (or logs). The gathers of
     the taken action and the expectation over the next step's actions happen here, in ACC."""
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
                                        s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
@@ -194,8 +194,9 @@ def _retrace_discrete_fwd_kernel(
         # E_pi Q(s'_t, .) = sum_a pi(a|s'_t) Q(s'_t, a); a terminated step's is never read (nor can a NaN leak)
         b_nq = tl.zeros_like(b_r)
         for a in range(n_actions):
-            b_nq += (load_tile(npi_ptr + a * s_npi_a, o_o, o_i, o_t, s_npi_o, s_npi_t, s_npi_i, m, ACC)
-                     * load_tile(nq_ptr + a * s_nq_a, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC))
+            o_a = tl.cast(a, tl.int64)  # the action offsets may pass int32 where the offsets of entry 0 do not
+            b_nq += (load_tile(npi_ptr + o_a * s_npi_a, o_o, o_i, o_t, s_npi_o, s_npi_t, s_npi_i, m, ACC)
+                     * load_tile(nq_ptr + o_a * s_nq_a, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC))
         b_nq = zero_where(b_nq, b_nterm == 0)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         # c_(t+1) and Q(s_(t+1), a_(t+1)): gathers one step later

@@ -19,7 +19,8 @@ Kernels tile a ``[BLOCK_R, BLOCK_T]`` block of (row, time) and scan it in regist
 in few rows instead give every chunk its own program, which finds the state entering its chunk by a decoupled
 look-back over its predecessors (``chain_state``; ``launch_config`` picks the mode). Any
 ``[*B, T, *F]`` input with any ``time_dim`` is addressed by strides as ``(outer, T, inner)``: row ``r`` is
-``(r // inner, r % inner)``. Offsets are int64.
+``(r // inner, r % inner)``. Offsets are int64, or int32 (``INT64`` off) in the kernels of ``INT32_KERNELS`` where
+every offset of the launch fits.
 
 Every kernel (the generic one here and each algorithm's) is the same skeleton built from the helpers below:
 ``row_prologue`` (rows, entering state, the chunks to walk), a loop over ``chunk``\ s in scan order that loads with
@@ -98,6 +99,13 @@ CONSTANT_MAX_T = 4096
 # layout of its own through shared memory (16-64 steps: more SASS instructions than its reverse scan), and at 4
 # steps per row (one thread) the H200 measured it slower (V-trace 65536 x 8: 9.7 -> 19.4 µs).
 WARP_LOCAL_T = tl.constexpr(128)
+# The largest element offset a launch computes in int32 (``_int64_offsets``); tests lower it to run the int64 path.
+INT32_MAX_OFFSET = 2**31 - 1
+# The kernels whose offsets are int32 where they fit: those measured no slower with them on the H200
+# (``benchmarks/results/h200/ablate_kernels.md``, variant i32: V-trace 72 -> 78% of the copy bandwidth at 65536 x 512,
+# GAE unchanged). The TD(lambda) kernel lost there (the discounted return 82 -> 77%), and the others are not measured
+# yet: int64 (sm_90 SASS of every kernel both ways: ``benchmarks/results/sm90_sass/int32_offsets.md``).
+INT32_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel"})
 # Debugging aid (the tests turn it on): fill every output with NaN before a kernel writes it, so that an element
 # the kernel forgets to write cannot pass as a plausible number.
 POISON_OUTPUTS = False
@@ -124,35 +132,45 @@ def apply_map(b_a, b_b, b_h):
 
 
 @triton.jit
-def _row_block(n_rows, inner, BLOCK_R: tl.constexpr):
-    """Rows of this program: (outer index, inner index, row ids, row mask), all [BLOCK_R], int64."""
-    o_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+def _index(x, INT64: tl.constexpr):
+    """``x`` in the offsets' integer type: int64 with ``INT64``, else int32 (every offset of the launch fits)."""
+    if INT64:
+        return x.to(tl.int64)
+    else:
+        return x.to(tl.int32)
+
+
+@triton.jit
+def _row_block(n_rows, inner, BLOCK_R: tl.constexpr, INT64: tl.constexpr):
+    """Rows of this program: (outer index, inner index, row ids, row mask), all [BLOCK_R], of the offsets' type."""
+    o_r = _index(tl.program_id(0), INT64) * BLOCK_R + tl.arange(0, BLOCK_R)
     return o_r // inner, o_r % inner, o_r, o_r < n_rows
 
 
 @triton.jit
-def _chunk_start(i_c, n_chunks, CHUNK_T: tl.constexpr, REVERSE: tl.constexpr):
-    """The first time step (int64) of the i_c-th chunk of CHUNK_T steps visited in scan order."""
+def _chunk_start(i_c, n_chunks, CHUNK_T: tl.constexpr, REVERSE: tl.constexpr, INT64: tl.constexpr):
+    """The first time step (of the offsets' type) of the i_c-th chunk of CHUNK_T steps visited in scan order."""
     if REVERSE:
         t0 = (n_chunks - 1 - i_c) * CHUNK_T
     else:
         t0 = i_c * CHUNK_T
-    return t0.to(tl.int64)
+    return _index(t0, INT64)
 
 
 @triton.jit
-def _chunk_time(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
-    """Time indices [BLOCK_T] (int64) and their mask of the i_c-th chunk visited in scan order."""
-    o_t = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE) + tl.arange(0, BLOCK_T)
+def _chunk_time(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, INT64: tl.constexpr):
+    """Time indices [BLOCK_T] (of the offsets' type) and their mask of the i_c-th chunk visited in scan order."""
+    o_t = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + tl.arange(0, BLOCK_T)
     return o_t, o_t < T
 
 
 @triton.jit
 def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-                 HAS_INITIAL_STATE: tl.constexpr, LOOKBACK: tl.constexpr):
+                 HAS_INITIAL_STATE: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr):
     """Start of every scan kernel: this program's rows, the state entering them, and its chunks.
 
-    Returns (outer index, inner index, row ids, row mask) [BLOCK_R] int64, the state [BLOCK_R], n_chunks (per row)
+    Returns (outer index, inner index, row ids, row mask) [BLOCK_R] (int64 with ``INT64``, else int32), the state
+    [BLOCK_R], n_chunks (per row)
     and the range ``[c_lo, c_hi)`` of chunks (in scan order) this program walks: all of them, or with ``LOOKBACK``
     the one chunk of its ticket (see ``chain_state``), whose ``BLOCK_R`` tile rows are all the same row.
     """
@@ -161,14 +179,14 @@ def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: t
         n_chunks = (T + BLOCK_R * BLOCK_T - 1) // (BLOCK_R * BLOCK_T)
         # tickets in the order programs start: a chunk's predecessors in its row hold smaller tickets, so they are
         # already running when it waits for them (program ids give no such order)
-        ticket = tl.atomic_add(lb_ptr, 1).to(tl.int64)
-        o_r = ticket // n_chunks + tl.zeros([BLOCK_R], dtype=tl.int64)
+        ticket = _index(tl.atomic_add(lb_ptr, 1), INT64)
+        o_r = ticket // n_chunks + tl.zeros([BLOCK_R], dtype=ticket.dtype)
         c_lo = ticket % n_chunks
         c_hi = c_lo + 1
         o_o, o_i, m_r = o_r // inner, o_r % inner, o_r < n_rows
     else:
         n_chunks = (T + BLOCK_T - 1) // BLOCK_T
-        o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R)
+        o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R, INT64)
         c_lo = 0
         c_hi = n_chunks
     b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)
@@ -176,8 +194,9 @@ def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: t
 
 
 @triton.jit
-def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, LOOKBACK: tl.constexpr):
-    """The i_c-th chunk in scan order: time indices (int64) and the tile mask [BLOCK_R, BLOCK_T].
+def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, LOOKBACK: tl.constexpr,
+          INT64: tl.constexpr):
+    """The i_c-th chunk in scan order: time indices (of the offsets' type) and the tile mask [BLOCK_R, BLOCK_T].
 
     The time indices are [1, BLOCK_T], the same steps in every row of the tile; with ``LOOKBACK`` they are
     [BLOCK_R, BLOCK_T]: the chunk is ``BLOCK_R * BLOCK_T`` steps of one row, tile row k its k-th segment of
@@ -185,11 +204,11 @@ def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, L
     """
     if LOOKBACK:
         BLOCK_R: tl.constexpr = m_r.shape[0]
-        o_t = (_chunk_start(i_c, n_chunks, BLOCK_R * BLOCK_T, REVERSE) + (tl.arange(0, BLOCK_R) * BLOCK_T)[:, None]
-               + tl.arange(0, BLOCK_T)[None, :])
+        o_t = (_chunk_start(i_c, n_chunks, BLOCK_R * BLOCK_T, REVERSE, INT64)
+               + (tl.arange(0, BLOCK_R) * BLOCK_T)[:, None] + tl.arange(0, BLOCK_T)[None, :])
         m = m_r[:, None] & (o_t < T)
     else:
-        o_t_1d, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, REVERSE)
+        o_t_1d, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, REVERSE, INT64)
         o_t = o_t_1d[None, :]
         m = m_r[:, None] & m_t[None, :]
     return o_t, m
@@ -455,13 +474,13 @@ def _linear_scan_fwd_kernel(
     n_rows, inner, T,
     s_a_o, s_a_t, s_a_i, s_b_o, s_b_t, s_b_i,
     ACC: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, REVERSE, LOOKBACK)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, REVERSE, LOOKBACK, INT64)
         b_a = load_tile(a_ptr, o_o, o_i, o_t, s_a_o, s_a_t, s_a_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_b = load_tile(b_ptr, o_o, o_i, o_t, s_b_o, s_b_t, s_b_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_h_all, b_h = scan_tile(b_a, b_b, b_h, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
@@ -590,6 +609,18 @@ def flag_constexprs(inputs: dict, constexprs: dict) -> dict:
     return constexprs
 
 
+def _int64_offsets(layout: Layout, strides: list) -> bool:
+    """Whether a launch computes its offsets in int64 (``INT64``): some element offset exceeds
+    ``INT32_MAX_OFFSET``, that of the last output element or the largest of a strided input or tensor coefficient,
+    ``(outer - 1) s_o + (T - 1) s_t + (inner - 1) s_i``. Below it every offset of an element the kernel reads or
+    writes, and every partial sum of one, fits int32 (masked lanes past the ends may wrap; they are never read);
+    int32 arithmetic is about a tenth fewer instructions (sm_90 SASS of GAE at 65536 x 2048: 304 -> 272), taken by
+    the kernels of ``INT32_KERNELS``."""
+    o, t, i = layout.outer - 1, layout.T - 1, layout.inner - 1
+    largest = max([o * so + t * st + i * si for so, st, si in strides], default=0)
+    return max(largest, layout.outer * layout.T * layout.inner - 1) > INT32_MAX_OFFSET
+
+
 def _constant_length(layout: Layout, strides: list) -> bool:
     """Whether a launch passes T and the inputs' strides as compile-time constants (one compiled kernel per T):
     rows of at most ``CONSTANT_MAX_T`` steps whose length is not a multiple of 16, every input contiguous with the
@@ -678,6 +709,7 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
             slots.append(p_c)
         if isinstance(c, torch.Tensor):
             kwargs[p_c], (kwargs[p_o], kwargs[p_t], kwargs[p_i]) = rows_strides(c.to(layout.device), layout)
+            strides.append((kwargs[p_o], kwargs[p_t], kwargs[p_i]))
             kwargs[name], kwargs[p_tensor] = 0.0, True
             all_numbers = False
         else:
@@ -700,6 +732,7 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         STORE_FINAL_STATE=output_final_state, n_rows=layout.rows, inner=layout.inner,
         T=tl.constexpr(layout.T) if fixed_t else layout.T,
         ACC=triton_dtype(layout.acc_dtype),
+        INT64=lean.name not in INT32_KERNELS or _int64_offsets(layout, strides),
         CUT_A=not (finite_a and all_numbers), **cfg, **constexprs,
     )
     lean(grid, num_warps, maxnreg, **kwargs)
@@ -753,7 +786,8 @@ _CONFIG_NAMES = frozenset({
     "launch_config", "MAX_BLOCK_T", "TILE_ELEMENTS", "LOOKBACK_MIN_T", "LOOKBACK_MAX_ROWS", "LOOKBACK_BLOCK_T",
     "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
     "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS", "WIDE_MAX_ROWS", "WIDE_MAX_T",
-    "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL", "CONSTANT_MAX_T"})
+    "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL", "CONSTANT_MAX_T", "INT32_MAX_OFFSET",
+    "INT32_KERNELS"})
 _CONFIG_EPOCH = 0
 
 

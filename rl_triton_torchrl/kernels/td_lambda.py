@@ -50,13 +50,13 @@ def _td_lambda_fwd_kernel(
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
     HAS_NEXT_VALUE: tl.constexpr, HAS_VALUE: tl.constexpr, SAME_FLAGS: tl.constexpr, DONE_OR_TERMINATED: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_d = load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         if SAME_FLAGS:  # one tensor serves as done and terminated: read once

@@ -98,13 +98,13 @@ def _vtrace_fwd_kernel(
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, RHO_THRESH_TENSOR: tl.constexpr, C_THRESH_TENSOR: tl.constexpr,
     SAME_FLAGS: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK)
+        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
         b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g = _vtrace_step(
             lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
             gamma, rho_thresh, c_thresh, o_o, o_i, o_t, m,
