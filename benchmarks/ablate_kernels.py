@@ -10,7 +10,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``base``: the kernels as they are.
 - ``noscan``: no scan: the tile's outputs are a_t + b_t (all loads and the coefficient arithmetic stay live). The
   difference to ``base`` is the scan's share.
-- ``i32``: 32-bit offsets instead of 64-bit ones (valid below 2^31 elements).
+- ``i32``: 32-bit offsets in every kernel (where every offset fits); ``i64``: 64-bit offsets in every kernel (main
+  takes 32-bit ones in the kernels of ``scan.INT32_KERNELS``).
 - ``stream``: loads marked ``evict_first`` and stores ``.cs`` (streaming: the data is touched once).
 - ``fwdfake``: the forward scan in place of every reverse one (wrong numbers on purpose, not checked): the work of a
   reverse scan that needs no reversal of its data, an upper bound on what removing Triton's can give.
@@ -36,7 +37,7 @@ import triton.language as tl
 
 from rl_triton_torchrl.kernels import scan as _scan
 
-VARIANTS = ("base", "noscan", "i32", "stream", "i32_stream", "noscan_i32")
+VARIANTS = ("base", "noscan", "i32", "i64", "stream", "i32_stream", "noscan_i32")
 SHAPES = "65536x512,16384x2048,65536x128,4096x128,4096x32,65536x8"
 ALGORITHMS = "gae,discounted_return,vtrace,td_lambda"
 
@@ -51,22 +52,6 @@ def _scan_tile_enter_noscan(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.
 def _scan_tile_noscan(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c, n_chunks,
                       LOOKBACK: tl.constexpr):
     return b_a + b_b, b_h0
-
-
-@triton.jit
-def _row_block_i32(n_rows, inner, BLOCK_R: tl.constexpr):
-    o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    return o_r // inner, o_r % inner, o_r, o_r < n_rows
-
-
-@triton.jit
-def _chunk_time_i32(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr):
-    if REVERSE:
-        t0 = (n_chunks - 1 - i_c) * BLOCK_T
-    else:
-        t0 = i_c * BLOCK_T
-    o_t = t0 + tl.arange(0, BLOCK_T)
-    return o_t, o_t < T
 
 
 @triton.jit
@@ -96,7 +81,11 @@ def _scan_tile_enter_fwdfake(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl
 PATCHES = {
     "fwdfake": {"scan_tile_enter": _scan_tile_enter_fwdfake},
     "noscan": {"scan_tile": _scan_tile_noscan, "scan_tile_enter": _scan_tile_enter_noscan},
-    "i32": {"_row_block": _row_block_i32, "_chunk_time": _chunk_time_i32},
+    # the offsets' type of every kernel (scan.INT32_KERNELS; int32 only where every offset fits, as on main)
+    "i32": {"INT32_KERNELS": frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel",
+                                        "_vtrace_fwd_kernel", "_retrace_fwd_kernel", "_retrace_discrete_fwd_kernel",
+                                        "_prefix_sum_fwd_kernel"})},
+    "i64": {"INT32_KERNELS": frozenset()},
     "stream": {"load_tile": _load_tile_stream, "store_tile": _store_tile_stream},
 }
 

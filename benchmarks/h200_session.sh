@@ -4,9 +4,9 @@
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
 # STEPS picks steps (default: tests kernels estimators sb3 host ppo; also lean0, rslrl_tests, scale, hypothesis, peers,
-# rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ddp1, ddp2), run in this order: tests kerneltests lean0
-# rslrl_tests scale hypothesis sweep kernels estimators sb3 host peers rslrl rslrl_ppo ppo_gpu ppo_gpu_recompute
-# ppo_gpu_65536 ppo ddp1 ddp2. All of them take about
+# rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, ddp1, ddp2), run in this order: tests
+# kerneltests lean0 rslrl_tests scale hypothesis sweep ablate_offsets kernels estimators sb3 host peers rslrl
+# rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2. All of them take about
 # 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py --plan` estimates it), so
 # with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -60,6 +60,12 @@ if has sweep; then  # launch configurations per shape (feeds scan.launch_config)
   timeout ${SWEEP_TIMEOUT:-330} python sweep_configs.py --preset ${SWEEP_PRESETS:-long,large,short} \
     --budget-s ${SWEEP_BUDGET:-280} --out "$R/h200" > "$R/sweep_configs.log" 2>&1
   tail -30 "$R/h200/sweep_configs.md"
+fi
+if has ablate_offsets; then  # each kernel with int32 and with int64 offsets (sets scan.INT32_KERNELS)
+  timeout ${ABLATE_TIMEOUT:-500} python ablate_kernels.py --variants base,i32,i64 \
+    --algorithms gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum \
+    --out "$R/h200" > "$R/ablate_offsets.log" 2>&1
+  tail -45 "$R/ablate_offsets.log"
 fi
 if has kernels; then
   if [[ "$QUICK" == 1 ]]; then
