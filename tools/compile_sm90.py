@@ -97,16 +97,17 @@ def main():
     JITFunction.__getitem__ = lambda self, grid: compiler(self, grid)
     # row tiles (the few-rows rule off, so that two rows take them), one wide tile per row (the default for two rows
     # of 300 steps), look-back chunks
-    modes = [("tiles", {"WIDE_MAX_ROWS": 0}), ("wide", {})]
+    # (name, scan settings, whether carried states too)
+    modes = [("tiles", {"WIDE_MAX_ROWS": 0}, not args.quick), ("wide", {}, not args.quick)]
     if not args.quick:
-        modes.append(("look-back", {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 2048}))
+        lookback = {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 2048}
+        modes.append(("look-back", lookback, True))
         # the other offset type of each kernel (scan.INT32_KERNELS): int64 everywhere (inputs past 2**31 elements),
-        # in row tiles and look-back chunks, and int32 everywhere
-        modes.append(("int64 tiles", {"INT32_MAX_OFFSET": 0, "WIDE_MAX_ROWS": 0}))
-        modes.append(("int64 look-back", {"INT32_MAX_OFFSET": 0, "LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9,
-                                          "LOOKBACK_BLOCK_T": 2048}))
-        modes.append(("int32 tiles", {"INT32_KERNELS": ALL_KERNELS, "WIDE_MAX_ROWS": 0}))
-    for mode, settings in modes:
+        # in row tiles and look-back chunks, and int32 everywhere; without carried states (the same code either way)
+        modes.append(("int64 tiles", {"INT32_MAX_OFFSET": 0, "WIDE_MAX_ROWS": 0}, False))
+        modes.append(("int64 look-back", {"INT32_MAX_OFFSET": 0, **lookback}, False))
+        modes.append(("int32 tiles", {"INT32_KERNELS": ALL_KERNELS, "WIDE_MAX_ROWS": 0}, False))
+    for mode, settings, with_states in modes:
         old = {k: getattr(scan, k) for k in settings}
         for k, v in settings.items():
             setattr(scan, k, v)
@@ -114,7 +115,7 @@ def main():
             # 40 steps: one tile of 64; 300 steps: chunks of MAX_BLOCK_T (the reverse scans' own reversal), or one
             # 512-step tile
             for (name, (call, _, coefs)), steps in itertools.product(TABLE.items(), (40, 300)):
-                for state in ((False,) if args.quick else (False, True)):
+                for state in ((False, True) if with_states else (False,)):
                     x = make_rollout((2, steps, 1), 1, "random", torch.float32)
                     kw = dict(coefs)
                     if state:
