@@ -170,9 +170,9 @@ def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: t
     """Start of every scan kernel: this program's rows, the state entering them, and its chunks.
 
     Returns (outer index, inner index, row ids, row mask) [BLOCK_R] (int64 with ``INT64``, else int32), the state
-    [BLOCK_R], n_chunks (per row)
-    and the range ``[c_lo, c_hi)`` of chunks (in scan order) this program walks: all of them, or with ``LOOKBACK``
-    the one chunk of its ticket (see ``chain_state``), whose ``BLOCK_R`` tile rows are all the same row.
+    [BLOCK_R], n_chunks (per row) and the range ``[c_lo, c_hi)`` of chunks (in scan order) this program walks: all
+    of them, or with ``LOOKBACK`` the one chunk of its ticket (see ``chain_state``), whose ``BLOCK_R`` tile rows are
+    all the same row.
     """
     if LOOKBACK:
         # a chunk is BLOCK_R consecutive segments of BLOCK_T steps of one row (the tile's rows: see ``chunk``)
