@@ -417,3 +417,54 @@ def test_unverified_triton_takes_plain_path_and_says_so(recorder, monkeypatch, v
 def test_verified_triton_is_the_installed_one_in_ci():
     """CI's pinned Triton is a verified one (else the lean path would never be tested here)."""
     assert _launcher.VERIFIED_TRITON >= {"3.6.0"}
+
+
+# ---- prewarm: Triton's one-time hash of its installation, in a background thread ----
+
+
+def test_prewarm_computes_triton_key_in_the_background(monkeypatch):
+    key = _launcher._triton_key()
+    assert key is not None, "Triton 3.6 memoises triton.runtime.cache.triton_key"
+    monkeypatch.setattr(_launcher, "_PREWARM_THREAD", None)
+    key.cache_clear()
+    thread = _launcher.prewarm(force=True)
+    assert thread is not None and thread.daemon
+    assert _launcher.prewarm(force=True) is None  # once per process
+    _launcher._join_prewarm()
+    assert not thread.is_alive() and key.cache_info().currsize == 1
+
+
+def test_prewarm_off(monkeypatch):
+    monkeypatch.setattr(_launcher, "_PREWARM_THREAD", None)
+    monkeypatch.setattr(_launcher, "PREWARM", False)
+    assert _launcher.prewarm(force=True) is None
+    monkeypatch.setattr(_launcher, "PREWARM", True)
+    monkeypatch.setattr(_launcher, "_triton_key", lambda: None)  # a Triton without it
+    assert _launcher.prewarm(force=True) is None
+
+
+@pytest.mark.skipif(not INTERPRET, reason="under the interpreter no kernel is compiled")
+def test_prewarm_not_under_the_interpreter(monkeypatch):
+    monkeypatch.setattr(_launcher, "_PREWARM_THREAD", None)
+    assert _launcher.prewarm() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_fork_waits_for_prewarm():
+    """A fork right after the prewarm started: the child starts without the thread (no warning about forking a
+    multi-threaded process, Python 3.12+) and computes the hash itself without waiting on a lock of its parent."""
+    code = (
+        "import os, threading, warnings\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "from rl_triton_torchrl.kernels import _launcher\n"
+        "assert _launcher.prewarm(force=True) is not None\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    ok = threading.active_count() == 1 and _launcher._triton_key()()\n"
+        "    os._exit(0 if ok else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "raise SystemExit(os.waitstatus_to_exitcode(status))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

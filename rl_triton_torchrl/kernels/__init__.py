@@ -5,6 +5,7 @@ Needs only torch, and triton for the kernels (without it every call takes the to
 ``-1`` for ``[B, T]``, ``0`` for ``[T, B]``) and a keyword-only ``backend``: ``"auto"`` runs Triton on CUDA tensors and torch elsewhere (``$RL_TRITON_TORCHRL_BACKEND`` overrides
 it), ``"triton"`` forces the kernels (on CPU tensors only under ``TRITON_INTERPRET=1``), ``"torch"`` forces torch.
 """
+from ._launcher import prewarm
 from ._utils import InputError
 from .eligibility_traces import eligibility_traces
 from .gae import gae
@@ -27,3 +28,6 @@ __all__ = [
     "retrace",
     "retrace_discrete",
 ]
+
+prewarm()  # Triton's one-time hash of its installation, in the background where kernels will be compiled
+
