@@ -338,3 +338,13 @@ def test_report_peers_judges_each_target(peers, tmp_path):
            "gae ours B=4096 T=129: 1.98x | 3 of 3 by the per-element condition alone |" in text
     assert "| ✓ | (e) first call ≤ 300 ms, fresh Triton cache, 4096x128 | 1 | 1 | 0 |" in text
     assert "| ✗ | (e) first call ≤ 20 ms, warm Triton cache, 4096x128 | 1 | 0 | 1 |" in text
+
+
+@pytest.mark.triton
+def test_first_call_host_smoke(tmp_path):
+    """benchmarks/first_call_host.py with one process per configuration: both rows, the profiled Triton hash."""
+    _run(["first_call_host.py", "--setup-s", "0", "--repeats", "1", "--out", str(tmp_path)], tmp_path)
+    data = json.loads((tmp_path / "first_call_host.json").read_text())
+    assert [r["prewarm"] for r in data["rows"]] == [False, True]
+    assert all(r["first_call_ms"] > 0 for r in data["rows"])
+    assert data["environment"]["triton_key_ms (profiled, no prewarm)"] > 0
