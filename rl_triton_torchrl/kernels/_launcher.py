@@ -314,7 +314,7 @@ _VERIFIED: bool | None = None
 # (``triton.runtime.cache.triton_key``: its compiler and language sources and its libtriton binary), once per process.
 # On the development machine (CPU, sm_90 as the target, the cache filled) that is 0.34 s of the 0.41 s of a first GAE
 # launch: the rest of a "warm" first call. ``prewarm`` computes it in a daemon thread (hashing and reading files
-# release the GIL), started when the kernels are imported where they will be compiled, so that the first launch finds
+# release the GIL), started when the kernels are imported by a CUDA build of torch, so that the first launch finds
 # it done while the caller was building its environments and models.
 
 # ``RL_TRITON_TORCHRL_PREWARM=0``: no such thread.
@@ -332,14 +332,16 @@ def _triton_key():
 def prewarm(force: bool = False) -> threading.Thread | None:
     """Starts computing Triton's hash of its installation (``_triton_key``) in a daemon thread, once per process;
     returns the thread, or None where none is started: ``PREWARM`` off, no such hash in this Triton, or (unless
-    ``force``) no kernel will be compiled here (no CUDA device, or Triton's interpreter). A ``fork`` waits for the
-    thread to end (``os.register_at_fork``), so that no child starts with a thread that held a lock of its parent,
-    and Python's warning about forking a multi-threaded process never names this one."""
+    ``force``) no kernel will be compiled here (a CPU-only build of torch, or Triton's interpreter). A ``fork`` waits
+    for the thread to end (``os.register_at_fork``), so that no child starts with a thread that held a lock of its
+    parent, and Python's warning about forking a multi-threaded process never names this one."""
     global _PREWARM_THREAD
     key = _triton_key()
     if _PREWARM_THREAD is not None or not PREWARM or key is None:
         return None
-    if not force and (os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()):
+    # a CUDA build of torch, not ``torch.cuda.is_available()``, which would query the driver at import (PyTorch
+    # documents that query as able to poison a later fork, unless PYTORCH_NVML_BASED_CUDA_CHECK=1)
+    if not force and (os.environ.get("TRITON_INTERPRET") == "1" or not torch.backends.cuda.is_built()):
         return None
     _PREWARM_THREAD = threading.Thread(target=_quietly, args=(key,), name="rl_triton_torchrl-prewarm", daemon=True)
     _PREWARM_THREAD.start()
