@@ -4,9 +4,9 @@
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
 # STEPS picks steps (default: tests kernels estimators sb3 host ppo; also lean0, rslrl_tests, scale, hypothesis, peers,
-# rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, ddp1, ddp2), run in this order: tests
-# kerneltests lean0 rslrl_tests scale hypothesis sweep ablate_offsets kernels estimators sb3 host peers rslrl
-# rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2. All of them take about
+# firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, ddp1, ddp2), run in this
+# order: tests kerneltests lean0 rslrl_tests scale hypothesis sweep ablate_offsets kernels estimators sb3 host peers
+# firstcall rslrl rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2. All of them take about
 # 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py --plan` estimates it), so
 # with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -100,6 +100,10 @@ if has peers; then  # ours vs rl-triton vs PufferLib (RL_TRITON_SRC, PUFFERLIB_E
     timeout ${PEERS_TIMEOUT:-540} python bench_peers.py --budget-s ${PEERS_BUDGET:-420} ${PEERS_ARGS:-} --out "$R/h200" \
     > "$R/bench_peers.log" 2>&1
   tail -40 "$R/bench_peers.log"
+fi
+if has firstcall; then  # a fresh process's first call, Triton's cache filled, with and without prewarm
+  timeout 200 python first_call_host.py --setup-s 0,1 --repeats 3 --out "$R/h200" > "$R/first_call_host.log" 2>&1
+  tail -6 "$R/first_call_host.log"
 fi
 if has rslrl; then  # rsl_rl's compute_returns against ours
   timeout 240 python bench_rsl_rl.py --device cuda --out "$R/h200" > "$R/bench_rsl_rl.log" 2>&1
