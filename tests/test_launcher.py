@@ -468,3 +468,19 @@ def test_fork_waits_for_prewarm():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_prewarm_imports_nothing():
+    """The thread reads and hashes files only: after the kernels' import it imports no module (no import lock)."""
+    code = (
+        "import sys\n"
+        "from rl_triton_torchrl.kernels import _launcher\n"
+        "before = set(sys.modules)\n"
+        "_launcher.prewarm(force=True).join()\n"
+        "new = sorted(set(sys.modules) - before)\n"
+        "assert not new, new\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["RL_TRITON_TORCHRL_PREWARM"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

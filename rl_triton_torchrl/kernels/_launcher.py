@@ -315,7 +315,9 @@ _VERIFIED: bool | None = None
 # On the development machine (CPU, sm_90 as the target, the cache filled) that is 0.34 s of the 0.41 s of a first GAE
 # launch: the rest of a "warm" first call. ``prewarm`` computes it in a daemon thread (hashing and reading files
 # release the GIL), started when the kernels are imported by a CUDA build of torch, so that the first launch finds
-# it done while the caller was building its environments and models.
+# it done while the caller was building its environments and models. Once the kernels are imported (Triton's
+# language, compiler and backends with them), the hash imports nothing: the thread only reads and hashes files, so it
+# never holds an import lock the caller's thread could wait on (``test_prewarm_imports_nothing``).
 
 # ``RL_TRITON_TORCHRL_PREWARM=0``: no such thread.
 PREWARM = os.environ.get("RL_TRITON_TORCHRL_PREWARM", "1") != "0"
