@@ -82,9 +82,7 @@ PATCHES = {
     "fwdfake": {"scan_tile_enter": _scan_tile_enter_fwdfake},
     "noscan": {"scan_tile": _scan_tile_noscan, "scan_tile_enter": _scan_tile_enter_noscan},
     # the offsets' type of every kernel (scan.INT32_KERNELS; int32 only where every offset fits, as on main)
-    "i32": {"INT32_KERNELS": frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel",
-                                        "_vtrace_fwd_kernel", "_retrace_fwd_kernel", "_retrace_discrete_fwd_kernel",
-                                        "_prefix_sum_fwd_kernel"})},
+    "i32": {"INT32_KERNELS": _scan.KERNELS},
     "i64": {"INT32_KERNELS": frozenset()},
     "stream": {"load_tile": _load_tile_stream, "store_tile": _store_tile_stream},
 }

@@ -22,9 +22,7 @@ pytestmark = [pytest.mark.triton,
                                  reason="needs a CUDA device or Triton's interpreter")]
 
 
-# every kernel (the generic scan's and each algorithm's)
-KERNELS = frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel",
-                     "_retrace_fwd_kernel", "_retrace_discrete_fwd_kernel", "_prefix_sum_fwd_kernel"})
+KERNELS = scan.KERNELS  # every kernel (the generic scan's and each algorithm's)
 
 
 @pytest.fixture(params=[(32, False), (-2, False), (32, True), (-2, True)],
@@ -116,6 +114,17 @@ def test_offset_types(algo, mode, offsets, monkeypatch):
     monkeypatch.setattr(scan, "launcher", spy)
     _compare(algo, (2, 45, 1), "random", seed=3, with_state=True)
     assert seen and all(flag == (offsets == "int64") for flag in seen), seen
+
+
+def test_kernels_names_every_kernel():
+    """``scan.KERNELS`` is every kernel of the kernel modules (launchable ``*_kernel`` objects, compiled or
+    interpreted)."""
+    import importlib
+
+    found = {name for module in ("scan", "gae", "td_lambda", "vtrace", "retrace", "prefix_sum")
+             for name, value in vars(importlib.import_module(f"rl_triton_torchrl.kernels.{module}")).items()
+             if name.endswith("_kernel") and hasattr(type(value), "__getitem__")}
+    assert found == scan.KERNELS
 
 
 def test_int64_offsets_rule():

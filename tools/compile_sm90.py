@@ -32,8 +32,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from rl_triton_torchrl.kernels import scan  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-ALL_KERNELS = frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel",
-                         "_retrace_fwd_kernel", "_retrace_discrete_fwd_kernel", "_prefix_sum_fwd_kernel"})
 TYPES = {torch.float32: "*fp32", torch.float64: "*fp64", torch.float16: "*fp16", torch.bfloat16: "*bf16",
          torch.bool: "*i1", torch.int64: "*i64", torch.int32: "*i32", torch.uint8: "*u8"}
 
@@ -106,7 +104,7 @@ def main():
         # in row tiles and look-back chunks, and int32 everywhere; without carried states (the same code either way)
         modes.append(("int64 tiles", {"INT32_MAX_OFFSET": 0, "WIDE_MAX_ROWS": 0}, False))
         modes.append(("int64 look-back", {"INT32_MAX_OFFSET": 0, **lookback}, False))
-        modes.append(("int32 tiles", {"INT32_KERNELS": ALL_KERNELS, "WIDE_MAX_ROWS": 0}, False))
+        modes.append(("int32 tiles", {"INT32_KERNELS": scan.KERNELS, "WIDE_MAX_ROWS": 0}, False))
     for mode, settings, with_states in modes:
         old = {k: getattr(scan, k) for k in settings}
         for k, v in settings.items():

@@ -106,6 +106,10 @@ INT32_MAX_OFFSET = 2**31 - 1
 # GAE unchanged). The TD(lambda) kernel lost there (the discounted return 82 -> 77%), and the others are not measured
 # yet: int64 (sm_90 SASS of every kernel both ways: ``benchmarks/results/sm90_sass/int32_offsets.md``).
 INT32_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel"})
+# Every kernel built on this module's skeleton, by name (the generic scan's and each algorithm's): what the per-kernel
+# tables above choose from, and what tools and tests set them to when they want all of them.
+KERNELS = frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel",
+                     "_retrace_fwd_kernel", "_retrace_discrete_fwd_kernel", "_prefix_sum_fwd_kernel"})
 # Debugging aid (the tests turn it on): fill every output with NaN before a kernel writes it, so that an element
 # the kernel forgets to write cannot pass as a plausible number.
 POISON_OUTPUTS = False
