@@ -20,7 +20,8 @@ QUICK=${QUICK:-0}
 R=$OUT/r
 mkdir -p "$R/h200" "$R/examples"
 export PYTHONUNBUFFERED=1
-has() { [[ " $STEPS " == *" $1 "* ]]; }
+# has STEP: whether STEP is to run; a step that runs is logged with its start time in $R/steps.txt
+has() { [[ " $STEPS " == *" $1 "* ]] && echo "$1 starts at ${SECONDS} s" >> "$R/steps.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt"
 if has tests; then
   # -v names every result as it comes: a run stopped by its time limit still says which tests failed
@@ -154,5 +155,6 @@ if has ddp2; then  # two GPUs (nvidia-h200-x2), the same per-rank configuration,
   tail -3 "$R/examples/ddp_2gpu.log"
   rm -f "$R/examples/ddp_2gpu/checkpoint.pt"
 fi
+echo "end at ${SECONDS} s" >> "$R/steps.txt"
 tar czf "$OUT/results.tgz" -C "$R" .
 ls -la "$OUT"
