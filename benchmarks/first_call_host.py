@@ -3,7 +3,8 @@
     python benchmarks/first_call_host.py                 # CPU or GPU machine: writes results/<cpu|cuda>/first_call_host.*
     python benchmarks/first_call_host.py --setup-s 0,1 --repeats 3
 
-Each measurement is one fresh process: it imports the package, starts ``kernels._launcher.prewarm`` (or not), sleeps
+Each measurement is one fresh process: it imports the package, starts ``kernels._launcher.prewarm`` (or not: the
+process runs with ``RL_TRITON_TORCHRL_PREWARM=0``, as a CUDA build of torch starts it at the import), sleeps
 ``--setup-s`` seconds (a training script building its environments and models), then times its first ``gae`` call
 at 4096 x 128. On a CUDA machine that is the whole first call, to a device sync (module load and Triton's launcher
 included). Without a GPU the call is compiled instead of run, for sm_90 (``tools/sass_sm90.py``'s stand-in driver,
@@ -41,7 +42,10 @@ def child(prewarm: bool, setup_s: float, profile: bool) -> dict:
         driver.set_active(sass._Sm90Driver())
     from rl_triton_torchrl.kernels import _launcher, gae, scan
 
-    started = _launcher.prewarm(force=True) is not None if prewarm else False
+    # (a CUDA build of torch started the thread at the import already, unless the parent set
+    # RL_TRITON_TORCHRL_PREWARM=0 for a process without it)
+    started = (_launcher._PREWARM_THREAD or _launcher.prewarm(force=True)) is not None if prewarm else False
+    assert started == (_launcher._PREWARM_THREAD is not None), "RL_TRITON_TORCHRL_PREWARM and --child disagree"
     time.sleep(setup_s)
     if not cuda:
         os.environ["TRITON_INTERPRET"] = "1"  # only lets backend="triton" take CPU tensors; the kernel is compiled
@@ -84,7 +88,9 @@ def child(prewarm: bool, setup_s: float, profile: bool) -> dict:
 
 
 def run_child(*args: str) -> dict:
+    """One fresh process: ``args`` are (prewarm, set-up seconds, profile) as ``child`` takes them."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["RL_TRITON_TORCHRL_PREWARM"] = args[0]  # else a CUDA build of torch starts it at the import either way
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, __file__, "--child", *args], env=env, capture_output=True, text=True,
                          timeout=600)

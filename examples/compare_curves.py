@@ -172,20 +172,32 @@ def summarize(args, runs):
                   f"(first CSV row of each run: {first:.3g})."]
     base, ours = example.estimators
     lines += ["", f"Same seed, {base} run vs {ours} run (the values as progress.csv logs them: losses to 5 "
-              "significant digits, the mean return of the last episodes):", "",
+              "significant digits, the mean return of the last episodes; two values differ where they differ by "
+              f"more than {DIFFER_RTOL:g} of the larger, beyond that rounding):", "",
               "| seed | logged losses first differ at (frames) | mean return first differs at (frames) | "
               f"largest return gap | final returns ({base} / {ours}) |", "|---|---|---|---|---|"]
     for seed in range(args.seeds):
         a, b = runs[base, seed], runs[ours, seed]
         n = min(len(a), len(b))
-        first_loss = next((i for i in range(n) if any(a[i][k] != b[i][k] for k in example.losses)), None)
-        first_ret = next((i for i in range(n) if a[i]["return_mean"] != b[i]["return_mean"]), None)
+        first_loss = next((i for i in range(n) if any(differ(a[i][k], b[i][k]) for k in example.losses)), None)
+        first_ret = next((i for i in range(n) if differ(a[i]["return_mean"], b[i]["return_mean"])), None)
         gap = max((abs(float(a[i]["return_mean"]) - float(b[i]["return_mean"])) for i in range(n)
                    if a[i]["return_mean"] and b[i]["return_mean"]), default=0.0)
         lines.append(f"| {seed} | {'never' if first_loss is None else a[first_loss]['frames']} | "
                      f"{'never' if first_ret is None else a[first_ret]['frames']} | {gap:.1f} | "
                      f"{a[-1]['return_mean']} / {b[-1]['return_mean']} |")
     return run_rows, "\n".join(lines) + "\n"
+
+
+DIFFER_RTOL = 1e-4  # relative: above the rounding of two values logged to 5 significant digits (5e-5 each)
+
+
+def differ(x: str, y: str) -> bool:
+    """Whether two logged values (CSV strings, "" where none) differ beyond their logging's rounding."""
+    if x == "" or y == "":
+        return x != y
+    x, y = float(x), float(y)
+    return abs(x - y) > DIFFER_RTOL * max(abs(x), abs(y))
 
 
 def aggregate_curves(runs, seeds, estimators):

@@ -165,10 +165,14 @@ def main(argv=None):
     advantage_module = single.GAE_CLASSES[args.estimator](**gae_kwargs)
     if args.cross_check:
         other_module = single.GAE_CLASSES["torchrl" if args.estimator == "triton" else "triton"](**gae_kwargs)
-    loss_module = ClipPPOLoss(actor, critic, clip_epsilon=args.clip_epsilon, entropy_coeff=args.entropy_coeff,
-                              critic_coeff=args.critic_coeff, loss_critic_type="l2", normalize_advantage=False)
-    params = list(loss_module.parameters())
     graphed = "cudagraphs" in update_mode
+    # TorchRL's loss checks its analytic entropy for non-finite values on the host (a synchronisation, which a CUDA
+    # graph cannot capture) unless torch.compile traces it: a graph without the compiler gets the same bonus here
+    own_entropy = graphed and "compile" not in update_mode
+    loss_module = ClipPPOLoss(actor, critic, clip_epsilon=args.clip_epsilon, entropy_coeff=args.entropy_coeff,
+                              critic_coeff=args.critic_coeff, loss_critic_type="l2", normalize_advantage=False,
+                              entropy_bonus=not own_entropy)
+    params = list(loss_module.parameters())
     # a captured Adam step reads its learning rate from a tensor (so that annealing can change it in place)
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.lr, device=device) if graphed else args.lr, eps=1e-5,
                                  capturable=graphed and "compile" not in update_mode)
@@ -184,6 +188,9 @@ def main(argv=None):
         """One minibatch: the clipped PPO loss, its gradients clipped, one Adam step; the losses, detached."""
         optimizer.zero_grad()
         losses = loss_module(batch)
+        if own_entropy:  # TorchRL's bonus, -entropy_coeff * mean entropy, from the same distribution
+            entropy = actor.get_dist(batch).entropy().mean()
+            losses["entropy"], losses["loss_entropy"] = entropy.detach(), -args.entropy_coeff * entropy
         loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
         loss.backward()
         nn.utils.clip_grad_norm_(params, args.max_grad_norm)

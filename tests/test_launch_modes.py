@@ -103,15 +103,20 @@ def test_offset_types(algo, mode, offsets, monkeypatch):
     seen = []
     launcher = scan.launcher
 
-    def spy(kernel):
-        lean = launcher(kernel)
+    class Spy:
+        """The kernel's launcher, noting each plain launch's offset type (launch plans read it through this too)."""
 
-        def launch(grid, num_warps, maxnreg, **kwargs):
+        def __init__(self, kernel):
+            self.lean = launcher(kernel)
+
+        def __getattr__(self, name):
+            return getattr(self.lean, name)
+
+        def __call__(self, grid, num_warps, maxnreg=None, **kwargs):
             seen.append(kwargs["INT64"])
-            return lean(grid, num_warps, maxnreg, **kwargs)
-        return type("Spy", (), {"settings": lean.settings, "name": lean.name, "__call__": staticmethod(launch)})()
+            return self.lean(grid, num_warps, maxnreg, **kwargs)
 
-    monkeypatch.setattr(scan, "launcher", spy)
+    monkeypatch.setattr(scan, "launcher", Spy)
     _compare(algo, (2, 45, 1), "random", seed=3, with_state=True)
     assert seen and all(flag == (offsets == "int64") for flag in seen), seen
 
