@@ -4,11 +4,11 @@
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
 # STEPS picks steps (default: tests kernels estimators sb3 host ppo; also lean0, rslrl_tests, scale, hypothesis, peers,
-# firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, ddp1, ddp2), run in this
-# order: tests kerneltests lean0 rslrl_tests scale hypothesis sweep ablate_offsets kernels estimators sb3 host peers
-# firstcall rslrl rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2. All of them take about
-# 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py --plan` estimates it), so
-# with a 10-minute limit per command run them in two calls, e.g.
+# firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, sweep_time_major, ddp1,
+# ddp2), run in this order: tests kerneltests lean0 rslrl_tests scale hypothesis sweep sweep_time_major ablate_offsets
+# kernels estimators sb3 host peers firstcall rslrl rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
+# All of them take about 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py
+# --plan` estimates it), so with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
 #   STEPS="tests estimators sb3 host ppo" OUT=$OUT bash benchmarks/h200_session.sh
 # QUICK=1 runs the kernel benchmark's --quick mode instead (about 2 minutes: five shapes, three algorithms, all
@@ -61,6 +61,12 @@ if has sweep; then  # launch configurations per shape (feeds scan.launch_config)
   timeout ${SWEEP_TIMEOUT:-330} python sweep_configs.py --preset ${SWEEP_PRESETS:-long,large,short} \
     --budget-s ${SWEEP_BUDGET:-280} --out "$R/h200" > "$R/sweep_configs.log" 2>&1
   tail -30 "$R/h200/sweep_configs.md"
+fi
+if has sweep_time_major; then  # time-major storage (rsl_rl's [T, N, 1]): narrow time tiles against whole-T tiles
+  timeout ${SWEEP_TM_TIMEOUT:-300} python sweep_configs.py --preset time_major \
+    --algorithms ${SWEEP_TM_ALGORITHMS:-gae,vtrace} --budget-s ${SWEEP_TM_BUDGET:-240} \
+    --name sweep_time_major --out "$R/h200" > "$R/sweep_time_major.log" 2>&1
+  tail -20 "$R/h200/sweep_time_major.md"
 fi
 if has ablate_offsets; then  # each kernel with int32 and with int64 offsets (sets scan.INT32_KERNELS)
   timeout ${ABLATE_TIMEOUT:-500} python ablate_kernels.py --variants base,i32,i64 \

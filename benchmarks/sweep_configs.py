@@ -93,7 +93,25 @@ def _odd_t_candidates(T):
     return out
 
 
+def _time_major_candidates(T):
+    """Time-major rollouts (``[T, N, 1]``, rsl_rl's storage: the rows are the environments, adjacent in memory):
+    narrow time tiles of many rows, down to one step per tile (each thread recurs over time, its loads coalesced
+    across environments), against whole-T tiles."""
+    bt = 1 << max(1, (T - 1).bit_length())
+    out = [rows_cfg(bt, r, w) for r, w in ((16, 4), (32, 8))]
+    # few rows per program on few warps too: 4096 environments in tiles of 512 rows would be 8 programs
+    out += [rows_cfg(narrow, r, w) for narrow in (1, 2, 4, 8) if narrow < T
+            for r, w in ((32, 1), (64, 1), (64, 2), (128, 4), (256, 4), (512, 4), (1024, 8))]
+    return out
+
+
+# presets whose rollouts are time-major: each [B, T, 1] tensor of the rollout laid out as [1, T, B] (time at dim -2,
+# the B environments its inner dimension), the layout of a [T, B, 1] tensor scanned with time_dim=0
+TIME_MAJOR = {"time_major"}
+
 PRESETS = {
+    # time-major storage with thousands of environments (issue 19: rsl_rl / Isaac Lab)
+    "time_major": ([(4096, 24), (16384, 24), (65536, 24), (65536, 8), (4096, 128)], _time_major_candidates),
     # few rows of medium length (issue 17's device-time misses against rl-triton)
     "few_rows": ([(128, 1024), (512, 2048), (64, 512), (128, 512), (16, 2048), (512, 512), (100, 1000),
                   (1000, 1024)], _few_rows_candidates),
@@ -170,6 +188,8 @@ def main(argv=None):
                     continue
                 spec = ALGOS[algo]
                 x = rollout(B, T, torch.float32, "with")
+                if preset in TIME_MAJOR:
+                    x = {k: time_major(v) for k, v in x.items()}
                 x64 = {k: (v.double() if v is not None and v.is_floating_point() else v) for k, v in x.items()}
                 refs = _tuple(spec.call(x64, "torch"))
                 del x64
@@ -227,6 +247,14 @@ def main(argv=None):
     data = json.loads(path.read_text())
     data["all"] = rows
     path.write_text(json.dumps(data, indent=1, default=str))
+
+
+def time_major(v):
+    """A ``[B, T, 1]`` rollout tensor laid out time-major, as ``[1, T, B]`` (None stays None)."""
+    if v is None:
+        return None
+    B, T = v.shape[:2]
+    return v.reshape(B, T).t().contiguous().unsqueeze(0)
 
 
 def _layout_of(x):

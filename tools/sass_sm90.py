@@ -3,6 +3,7 @@
     python tools/sass_sm90.py                                  # every algorithm at 4096 x 512 and 4096 x 8
     python tools/sass_sm90.py --shapes 65536x128 --algorithms gae,vtrace --dump /tmp/sass
     python tools/sass_sm90.py --algorithms retrace,retrace_discrete            # also the discrete-action form
+    python tools/sass_sm90.py --algorithms gae --shapes 65536x24 --time-major --tiles 16x32,512x1  # rsl_rl's storage
 
 Each algorithm is called on CPU tensors of the given ``[B, T, 1]`` shapes; each kernel launch is compiled instead
 of run, with the specialization Triton would give those arguments on a GPU (alignment, divisibility, constants:
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import re
 import subprocess
@@ -77,6 +79,11 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="4096x512,4096x8", help="comma-separated BxT")
     parser.add_argument("--algorithms", "--algos", default="gae,td_lambda,vtrace,retrace,discounted_return,"
                         "eligibility_traces,episodic_prefix_sum")
+    parser.add_argument("--time-major", action="store_true",
+                        help="lay each rollout tensor out time-major ([T, B, 1] storage, the B rows adjacent; not for "
+                             "retrace_discrete)")
+    parser.add_argument("--tiles", help="comma-separated ROWSxSTEPS tiles to compile instead of launch_config's "
+                                        "(e.g. 512x1,16x32; tiles of rows, no look-back)")
     parser.add_argument("--dump", help="a folder for each kernel's SASS listing and Triton GPU IR (layouts)")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
@@ -102,10 +109,15 @@ def main(argv=None) -> int:
 
     scan.launcher = CompileInstead
     bench_kernels.DEVICE = "cpu"
+    default = scan.launch_config
+    tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")] if args.tiles else [None]
     for shape in args.shapes.split(","):
         B, T = (int(v) for v in shape.split("x"))
         x = bench_kernels.rollout(B, T, torch.float32, "with")
-        for algo in args.algorithms.split(","):
+        if args.time_major:  # [1, T, B] at time_dim -2: the layout of [T, B, 1] at time_dim 0
+            x = {k: None if v is None else v.reshape(B, T).t().contiguous().unsqueeze(0) for k, v in x.items()}
+        for forced, algo in itertools.product(tiles, args.algorithms.split(",")):
+            scan.launch_config = default if forced is None else _tiles(default, *forced)
             n = len(compiled)
             if algo == "retrace_discrete":  # not in bench_kernels' grid
                 _retrace_discrete(x)
@@ -123,7 +135,16 @@ def main(argv=None) -> int:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     (Path(args.dump) / f"{algo}_{B}x{T}_{name}.sass").write_text(sass)
                     (Path(args.dump) / f"{algo}_{B}x{T}_{name}.ttgir").write_text(kernel.asm["ttgir"])
+    scan.launch_config = default
     return 0
+
+
+def _tiles(default, block_r: int, block_t: int):
+    """``launch_config`` with tiles of ``block_r`` rows x ``block_t`` steps (no look-back, no register cap)."""
+    def launch_config(layout, kernel_name=None):
+        return {**default(layout, kernel_name), "grid": (scan._cdiv(layout.rows, block_r),), "BLOCK_R": block_r,
+                "BLOCK_T": block_t, "LOOKBACK": 0, "maxnreg": None}
+    return launch_config
 
 
 def _retrace_discrete(x, n_actions: int = 4):
