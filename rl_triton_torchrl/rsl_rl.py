@@ -19,7 +19,7 @@ Use it from a training config (rsl_rl resolves ``"module:Class"`` strings)::
 
     train_cfg["algorithm"]["class_name"] = "rl_triton_torchrl.rsl_rl:PPO"
 
-Needs ``rsl-rl-lib>=5,<6`` (``pip install "rsl-rl-lib>=5,<6"``, or from the clone ``pip install -e ".[rsl_rl]"``);
+Needs ``rsl-rl-lib>=5,<6`` (``pip install "rsl-rl-lib>=5,<6"``, or from the clone ``pip install -e ".[rsl-rl]"``);
 ``import rl_triton_torchrl`` never imports it, only this module does.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ try:
     from rsl_rl.algorithms import PPO as _RslRlPPO
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("rl_triton_torchrl.rsl_rl needs rsl_rl 5.x: pip install 'rsl-rl-lib>=5,<6' (or the "
-                      "extra, from the clone: pip install -e '.[rsl_rl]')") from error
+                      "extra, from the clone: pip install -e '.[rsl-rl]')") from error
 
 __all__ = ["PPO", "FINAL_OBSERVATIONS"]
 
