@@ -449,6 +449,15 @@ def test_prewarm_not_under_the_interpreter(monkeypatch):
     assert _launcher.prewarm() is None
 
 
+def _run_with_prewarm(code: str) -> None:
+    """Runs ``code`` in a fresh process that compiles kernels (no interpreter), the prewarm switched on; it must
+    exit 0."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["RL_TRITON_TORCHRL_PREWARM"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
 def test_fork_waits_for_prewarm():
     """A fork right after the prewarm started: the child starts without the thread (no warning about forking a
@@ -465,10 +474,7 @@ def test_fork_waits_for_prewarm():
         "_, status = os.waitpid(pid, 0)\n"
         "raise SystemExit(os.waitstatus_to_exitcode(status))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["RL_TRITON_TORCHRL_PREWARM"] = "1"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    _run_with_prewarm(code)
 
 
 def test_prewarm_imports_nothing():
@@ -481,7 +487,4 @@ def test_prewarm_imports_nothing():
         "new = sorted(set(sys.modules) - before)\n"
         "assert not new, new\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["RL_TRITON_TORCHRL_PREWARM"] = "1"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    _run_with_prewarm(code)
