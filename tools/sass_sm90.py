@@ -83,12 +83,13 @@ def main(argv=None) -> int:
                         help="lay each rollout tensor out time-major ([T, B, 1] storage, the B rows adjacent; not for "
                              "retrace_discrete)")
     parser.add_argument("--tiles", help="comma-separated ROWSxSTEPS tiles to compile instead of launch_config's "
-                                        "(e.g. 512x1,16x32; tiles of rows, no look-back)")
+                                        "(e.g. 512x1,16x32; tiles of rows on 4 warps, no look-back)")
     parser.add_argument("--dump", help="a folder for each kernel's SASS listing and Triton GPU IR (layouts)")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
     os.environ["TRITON_INTERPRET"] = "1"  # after the kernels were built: only lets backend="triton" take CPU tensors
     import bench_kernels  # the benchmark's algorithm table and rollouts
+    import sweep_configs  # its time-major layout and forced tiles
 
     compiled = []
 
@@ -114,10 +115,11 @@ def main(argv=None) -> int:
     for shape in args.shapes.split(","):
         B, T = (int(v) for v in shape.split("x"))
         x = bench_kernels.rollout(B, T, torch.float32, "with")
-        if args.time_major:  # [1, T, B] at time_dim -2: the layout of [T, B, 1] at time_dim 0
-            x = {k: None if v is None else v.reshape(B, T).t().contiguous().unsqueeze(0) for k, v in x.items()}
+        if args.time_major:
+            x = {k: sweep_configs.time_major(v) for k, v in x.items()}
         for forced, algo in itertools.product(tiles, args.algorithms.split(",")):
-            scan.launch_config = default if forced is None else _tiles(default, *forced)
+            scan.launch_config = default if forced is None else sweep_configs._patched(
+                sweep_configs.rows_cfg(forced[1], forced[0], 4))
             n = len(compiled)
             if algo == "retrace_discrete":  # not in bench_kernels' grid
                 _retrace_discrete(x)
@@ -137,14 +139,6 @@ def main(argv=None) -> int:
                     (Path(args.dump) / f"{algo}_{B}x{T}_{name}.ttgir").write_text(kernel.asm["ttgir"])
     scan.launch_config = default
     return 0
-
-
-def _tiles(default, block_r: int, block_t: int):
-    """``launch_config`` with tiles of ``block_r`` rows x ``block_t`` steps (no look-back, no register cap)."""
-    def launch_config(layout, kernel_name=None):
-        return {**default(layout, kernel_name), "grid": (scan._cdiv(layout.rows, block_r),), "BLOCK_R": block_r,
-                "BLOCK_T": block_t, "LOOKBACK": 0, "maxnreg": None}
-    return launch_config
 
 
 def _retrace_discrete(x, n_actions: int = 4):
