@@ -166,16 +166,16 @@ def main(argv=None):
     if args.cross_check:
         other_module = single.GAE_CLASSES["torchrl" if args.estimator == "triton" else "triton"](**gae_kwargs)
     graphed = "cudagraphs" in update_mode
+    graphed_eager = graphed and "compile" not in update_mode  # captured as the eager code runs
     # TorchRL's loss checks its analytic entropy for non-finite values on the host (a synchronisation, which a CUDA
     # graph cannot capture) unless torch.compile traces it: a graph without the compiler gets the same bonus here
-    own_entropy = graphed and "compile" not in update_mode
     loss_module = ClipPPOLoss(actor, critic, clip_epsilon=args.clip_epsilon, entropy_coeff=args.entropy_coeff,
                               critic_coeff=args.critic_coeff, loss_critic_type="l2", normalize_advantage=False,
-                              entropy_bonus=not own_entropy)
+                              entropy_bonus=not graphed_eager)
     params = list(loss_module.parameters())
     # a captured Adam step reads its learning rate from a tensor (so that annealing can change it in place)
     optimizer = torch.optim.Adam(params, lr=torch.tensor(args.lr, device=device) if graphed else args.lr, eps=1e-5,
-                                 capturable=graphed and "compile" not in update_mode)
+                                 capturable=graphed_eager)
 
     def set_lr(lr):
         for group in optimizer.param_groups:
@@ -188,7 +188,7 @@ def main(argv=None):
         """One minibatch: the clipped PPO loss, its gradients clipped, one Adam step; the losses, detached."""
         optimizer.zero_grad()
         losses = loss_module(batch)
-        if own_entropy:  # TorchRL's bonus, -entropy_coeff * mean entropy, from the same distribution
+        if graphed_eager:  # TorchRL's bonus, -entropy_coeff * mean entropy, from the same distribution
             entropy = actor.get_dist(batch).entropy().mean()
             losses["entropy"], losses["loss_entropy"] = entropy.detach(), -args.entropy_coeff * entropy
         loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
