@@ -4,6 +4,7 @@
     python tools/sass_sm90.py --shapes 65536x128 --algorithms gae,vtrace --dump /tmp/sass
     python tools/sass_sm90.py --algorithms retrace,retrace_discrete            # also the discrete-action form
     python tools/sass_sm90.py --algorithms gae --shapes 65536x24 --time-major --tiles 16x32,512x1  # rsl_rl's storage
+    python tools/sass_sm90.py --algorithms gae,gae_shifted --shapes 65536x24   # GAE's two input modes
 
 Each algorithm is called on CPU tensors of the given ``[B, T, 1]`` shapes; each kernel launch is compiled instead
 of run, with the specialization Triton would give those arguments on a GPU (alignment, divisibility, constants:
@@ -123,6 +124,8 @@ def main(argv=None) -> int:
             n = len(compiled)
             if algo == "retrace_discrete":  # not in bench_kernels' grid
                 _retrace_discrete(x)
+            elif algo == "gae_shifted":  # GAE's last_state_value mode (rsl_rl's storage reads it)
+                _gae_shifted(x)
             else:
                 bench_kernels.ALGOS[algo].call(x, "triton")
             for name, grid, kw, kernel in compiled[n:]:
@@ -139,6 +142,14 @@ def main(argv=None) -> int:
                     (Path(args.dump) / f"{algo}_{B}x{T}_{name}.ttgir").write_text(kernel.asm["ttgir"])
     scan.launch_config = default
     return 0
+
+
+def _gae_shifted(x):
+    """GAE on the rollout ``x`` in its shifted input mode: V(s_(t+1)) read from the values one step on."""
+    from rl_triton_torchrl.kernels import gae
+
+    gae(x["r"], x["v"], None, x["d"], x["t"], gamma=0.99, lmbda=0.95, last_state_value=x["nv"][:, -1],
+        backend="triton")
 
 
 def _retrace_discrete(x, n_actions: int = 4):

@@ -24,7 +24,7 @@ import torch
 from ._triton import tl, triton
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
-    chunk, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs, not_flag,
+    chunk, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_row, load_tile, new_outputs, not_flag,
     row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state, store_tile,
     zero_where,
 )
@@ -64,8 +64,8 @@ def _gae_fwd_kernel(
                                        s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
         if SHIFTED:
             b_nv = load_tile(v_ptr, o_o, o_i, o_t + 1, s_v_o, s_v_t, s_v_i, m & (o_t + 1 < T), ACC)
-            b_lv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m & (o_t == T - 1), ACC)
-            b_nv = tl.where(o_t == T - 1, b_lv, b_nv)  # [BLOCK_R, BLOCK_T]
+            b_lv = load_row(nv_ptr, o_o, o_i, s_nv_o, s_nv_i, m_r, ACC)  # [BLOCK_R]
+            b_nv = tl.where(o_t == T - 1, b_lv[:, None], b_nv)  # [BLOCK_R, BLOCK_T]
         else:
             b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         # V' of a terminated step is never read (nor can a NaN there leak)

@@ -246,6 +246,13 @@ def load_tile(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr):
 
 
 @triton.jit
+def load_row(base, o_o, o_i, s_o, s_i, m_r, ACC: tl.constexpr):
+    """Loads one value per row [BLOCK_R] as ACC of a tensor viewed as (outer, inner) with strides (s_o, s_i) (a
+    tensor without the time dimension); masked rows read 0."""
+    return tl.load(base + o_o * s_o + o_i * s_i, mask=m_r, other=0).to(ACC)
+
+
+@triton.jit
 def load_index(base, o_o, o_i, o_t, s_o, s_t, s_i, m):
     """Loads a [BLOCK_R, BLOCK_T] tile of integer indices as int64; masked elements read 0."""
     return tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i), mask=m, other=0).to(tl.int64)
