@@ -84,6 +84,23 @@ def test_lookback_warp_local_segments(algo, monkeypatch):
     _compare(algo, (2, 600, 1), "random", seed=7, with_state=True)
 
 
+@pytest.mark.parametrize("block_t,block_r", [(1, 64), (2, 32)])
+@pytest.mark.parametrize("shape", [(1, 23, 70), (70, 23, 1)], ids=["time-major", "batch-major"])
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_narrow_time_tiles(algo, shape, block_t, block_r, monkeypatch):
+    """Tiles one or two steps wide in many rows, each thread recurring over time (``sweep_configs``' time_major
+    candidates), on time-major storage (the environments adjacent: ``[1, T, N]`` at time_dim -2 is the layout of
+    ``[T, N, 1]`` at time_dim 0) and batch-major rows, with carried states."""
+    default = scan.launch_config
+
+    def narrow(layout, kernel_name=None):
+        return {**default(layout, kernel_name), "grid": (scan._cdiv(layout.rows, block_r),), "BLOCK_R": block_r,
+                "BLOCK_T": block_t, "LOOKBACK": 0, "maxnreg": None}
+
+    monkeypatch.setattr(scan, "launch_config", narrow)
+    _compare(algo, shape, "random", seed=5, with_state=True)
+
+
 @pytest.mark.parametrize("offsets", ["int64", "int32"])
 @pytest.mark.parametrize("mode", ["tiles", "look-back"])
 @pytest.mark.parametrize("algo", list(TABLE))
