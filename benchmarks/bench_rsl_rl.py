@@ -39,7 +39,8 @@ from tensordict import TensorDict
 
 from _common import environment, kernel_time_us, synced_median_s, wall_time_us, write_results
 from rl_triton_torchrl.kernels._utils import resolve_backend
-from rl_triton_torchrl.rsl_rl import RSL_RL_VERSION, PPO, _normalize_, _ReturnsGraph, _targets
+from rl_triton_torchrl.kernels import normalize_
+from rl_triton_torchrl.rsl_rl import _EPS, RSL_RL_VERSION, PPO, _ReturnsGraph, _targets
 
 GAMMA, LAM = 0.99, 0.95
 OBS_GROUPS = {"actor": ["policy"], "critic": ["policy"]}
@@ -132,7 +133,10 @@ def main(argv=None):
                  "rsl_rl_targets": lambda: RslRlPPO.compute_returns(theirs_targets, obs),
                  "ours_targets": lambda: _targets(ours.storage, last_value, GAMMA, LAM, normalize),
                  "ours_gae": lambda: _targets(ours.storage, last_value, GAMMA, LAM, False),
-                 "ours_normalisation": lambda: _normalize_(scratch.copy_(ours.storage.values))}
+                 "ours_normalisation": lambda: normalize_(scratch.copy_(ours.storage.values), _EPS),
+                 # what _targets normalised with before kernels.normalize_: torch's std_mean and three kernels
+                 "torch_normalisation": lambda: normalize_(scratch.copy_(ours.storage.values), _EPS,
+                                                           backend="torch")}
         if targets_graph is not None:
             parts["ours_graph_targets"] = lambda: targets_graph(ours.storage, last_value, GAMMA, LAM, normalize)
         row = {"num_envs": num_envs, "steps": steps, "device": str(device), "ours_path": resolve_backend("auto",
@@ -192,8 +196,12 @@ def main(argv=None):
                     ("ours_targets_back_to_back_us", "ours without the critic, back to back (µs)"),
                     ("ours_graph_targets_back_to_back_us", "ours without the critic, CUDA graph, back to back (µs)"),
                     ("speedup_ours_graph_targets_back_to_back", "speed-up"),
-                    ("ours_gae_wall_us", "our kernel alone, wall (µs)"),
-                    ("ours_normalisation_wall_us", "our normalisation alone, wall (µs)")]
+                    ("ours_targets_device_us", "ours without the critic, device (µs)"),
+                    ("ours_gae_device_us", "our kernel alone, device (µs)"),
+                    ("ours_normalisation_device_us", "our normalisation (copy + normalize_), device (µs)"),
+                    ("torch_normalisation_device_us", "torch std_mean normalisation (copy + 4 kernels), device (µs)"),
+                    ("ours_normalisation_back_to_back_us", "our normalisation, back to back (µs)"),
+                    ("torch_normalisation_back_to_back_us", "torch std_mean normalisation, back to back (µs)")]
     columns += [("ours_path", "our path"), ("max_abs_diff_returns", "max abs. diff. returns"),
                 ("max_abs_diff_advantages", "max abs. diff. advantages"), ("status", "check")]
     command = "python benchmarks/bench_rsl_rl.py " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -28,7 +28,7 @@ import importlib.metadata
 
 import torch
 
-from .kernels import gae
+from .kernels import gae, normalize_
 
 try:
     from rsl_rl.algorithms import PPO as _RslRlPPO
@@ -64,8 +64,8 @@ class PPO(_RslRlPPO):
     continues from the state the last step left); ``dones`` end the episode and cut the bootstrap; the storage's
     ``returns`` and ``advantages`` are replaced by the kernel's outputs (new tensors, as rsl_rl replaces
     ``advantages``; the two outputs are ours, so normalising works in place); the advantages are normalised over the
-    batch, ``(A - mean) / (std + 1e-8)`` with one ``torch.std_mean``, unless ``normalize_advantage_per_mini_batch``
-    leaves that to ``update`` (rsl_rl's code). No call waits for the device. ``dones`` must hold 0 and 1 (as
+    batch, ``(A - mean) / (std + 1e-8)`` (``kernels.normalize_``, two launches on CUDA), unless
+    ``normalize_advantage_per_mini_batch`` leaves that to ``update`` (rsl_rl's code). No call waits for the device. ``dones`` must hold 0 and 1 (as
     ``RolloutStorage`` writes them from bool or 0/1 flags): its uint8 buffer is read as bool without a copy.
 
     Time-outs (``extras["time_outs"]`` of ``env.step``), two behaviours:
@@ -88,7 +88,7 @@ class PPO(_RslRlPPO):
             Defaults to ``False`` (rsl_rl's behaviour).
         cuda_graph (bool): on CUDA, capture the kernel and the normalisation once in a CUDA graph and replay it on
             every call (captured again when the storage, gamma, lambda or the normalisation mode change): a few
-            microseconds of host time instead of five launches. The storage's ``returns`` and ``advantages`` are
+            microseconds of host time instead of three launches. The storage's ``returns`` and ``advantages`` are
             then the graph's output tensors, overwritten in place by the next call. Defaults to ``False``.
 
     Examples:
@@ -150,19 +150,12 @@ def _done_flags(dones: torch.Tensor) -> torch.Tensor:
 
 def _targets(st, last_value: torch.Tensor, gamma: float, lmbda: float, normalize: bool):
     """(advantages, returns) of rsl_rl's ``RolloutStorage`` ``st``: one GAE launch, then the batch normalisation
-    (one ``std_mean`` and three elementwise kernels, in place on our own output)."""
+    in place on our own output (``kernels.normalize_``: two launches on CUDA)."""
     advantages, returns = gae(st.rewards, st.values, None, _done_flags(st.dones), gamma=gamma, lmbda=lmbda,
                               time_dim=0, last_state_value=last_value.to(st.values.dtype))
     if normalize:
-        _normalize_(advantages)
+        normalize_(advantages, _EPS)
     return advantages, returns
-
-
-def _normalize_(advantages: torch.Tensor) -> torch.Tensor:
-    """rsl_rl's batch normalisation, ``(A - mean) / (std + 1e-8)``, in place: one ``std_mean`` and three
-    elementwise kernels."""
-    std, mean = torch.std_mean(advantages)
-    return advantages.sub_(mean).div_(std.add_(_EPS))
 
 
 class _ReturnsGraph:

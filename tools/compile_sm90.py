@@ -29,7 +29,7 @@ from triton.compiler import compile as triton_compile  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from rl_triton_torchrl.kernels import scan  # noqa: E402
+from rl_triton_torchrl.kernels import normalize_, scan  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 TYPES = {torch.float32: "*fp32", torch.float64: "*fp64", torch.float16: "*fp16", torch.bfloat16: "*bf16",
@@ -127,6 +127,8 @@ def main():
         finally:
             for k, v in old.items():
                 setattr(scan, k, v)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):  # the batch standardisation (rsl_rl's)
+        normalize_(torch.randn(3000).to(dtype), backend="triton")
     print(f"{len(compiler.seen)} compilations, {len(compiler.failed)} failed")
     sys.exit(1 if compiler.failed else 0)
 

@@ -9,6 +9,7 @@ from ._launcher import prewarm
 from ._utils import InputError
 from .eligibility_traces import eligibility_traces
 from .gae import gae
+from .normalize import normalize_
 from .prefix_sum import episodic_prefix_sum
 from .retrace import retrace, retrace_discrete
 from .scan import linear_scan
@@ -27,6 +28,7 @@ __all__ = [
     "vtrace",
     "retrace",
     "retrace_discrete",
+    "normalize_",
 ]
 
 prewarm()  # Triton's one-time hash of its installation, in the background where kernels will be compiled

@@ -7,6 +7,8 @@ exactly zero (lambda = 0, a zero trace), does not depend on what comes after it,
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "retrace_ref",
     "retrace_sum_ref",
     "retrace_discrete_ref",
+    "normalize_ref",
 ]
 
 
@@ -286,3 +289,13 @@ def retrace_discrete_ref(pi, action, q_values, next_pi, next_q_values, reward, d
         w = {"log_ratio": pi_taken.log() - behavior_log_prob.double()}
     return retrace_ref(q_taken, next_expected_q, reward.double(), done, terminated, time_dim=time_dim % pi.dim(),
                        **w, **kw)
+
+
+def normalize_ref(x, eps=1e-8):
+    """``normalize_``'s standardisation in two exactly summed float64 passes: ``(x - mean) / (std + eps)``, the
+    standard deviation with Bessel's correction (NaN for one element)."""
+    values = x.double().cpu().flatten().tolist()
+    n = len(values)
+    mean = math.fsum(values) / n
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else math.nan
+    return ((x.double().cpu() - mean) / (math.sqrt(var) + eps))
