@@ -32,7 +32,8 @@ fi
 if has kerneltests; then  # the files that test the kernels, the look-back mode's concurrent chunks included
   timeout ${KTESTS_TIMEOUT:-240} python -m pytest tests/test_launch_modes.py tests/test_algorithms.py tests/test_vtrace_retrace.py \
     tests/test_traces_prefix.py tests/test_scan.py tests/test_nonfinite.py tests/test_determinism.py \
-    tests/test_autograd.py -v -n 14 -p no:cacheprovider > "$R/pytest_kernels_cuda.log" 2>&1
+    tests/test_autograd.py tests/test_normalize.py tests/test_gae_shifted.py -v -n 14 -p no:cacheprovider \
+    > "$R/pytest_kernels_cuda.log" 2>&1
   grep -E " (FAILED|ERROR) " "$R/pytest_kernels_cuda.log" | head -20; tail -1 "$R/pytest_kernels_cuda.log"
 fi
 if has lean0; then  # the kernel test files once more with the lean launcher and launch plans switched off
@@ -43,8 +44,8 @@ if has lean0; then  # the kernel test files once more with the lean launcher and
   grep -E "(FAILED|ERROR) " "$R/pytest_lean0_cuda.log" | head -20; tail -1 "$R/pytest_lean0_cuda.log"
 fi
 if has rslrl_tests; then  # needs rsl-rl-lib (carried as wheels)
-  timeout 150 python -m pytest tests/test_rsl_rl.py tests/test_gae_shifted.py tests/test_gpu_envs.py -q -n 8 \
-    -p no:cacheprovider > "$R/pytest_rsl_rl_cuda.log" 2>&1
+  timeout 150 python -m pytest tests/test_rsl_rl.py tests/test_gae_shifted.py tests/test_gpu_envs.py tests/test_normalize.py \
+    -q -n 8 -p no:cacheprovider > "$R/pytest_rsl_rl_cuda.log" 2>&1
   grep -E "(FAILED|ERROR) " "$R/pytest_rsl_rl_cuda.log" | head -20; tail -1 "$R/pytest_rsl_rl_cuda.log"
 fi
 if has scale; then  # > 2^31 elements, 2^22 steps, peak memory (GPU-only tests, one process: they need the memory)
