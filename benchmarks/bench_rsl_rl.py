@@ -46,6 +46,12 @@ GAMMA, LAM = 0.99, 0.95
 OBS_GROUPS = {"actor": ["policy"], "critic": ["policy"]}
 
 
+def std_mean_normalize_(x: torch.Tensor) -> torch.Tensor:
+    """rsl_rl's batch normalisation in torch ops, in place: ``std_mean`` and three elementwise kernels."""
+    std, mean = torch.std_mean(x)
+    return x.sub_(mean).div_(std.add_(_EPS))
+
+
 class FixedValue(torch.nn.Module):
     """A stand-in critic that returns a given value: rsl_rl's ``compute_returns`` without the critic's forward."""
 
@@ -135,8 +141,7 @@ def main(argv=None):
                  "ours_gae": lambda: _targets(ours.storage, last_value, GAMMA, LAM, False),
                  "ours_normalisation": lambda: normalize_(scratch.copy_(ours.storage.values), _EPS),
                  # what _targets normalised with before kernels.normalize_: torch's std_mean and three kernels
-                 "torch_normalisation": lambda: normalize_(scratch.copy_(ours.storage.values), _EPS,
-                                                           backend="torch")}
+                 "torch_normalisation": lambda: std_mean_normalize_(scratch.copy_(ours.storage.values))}
         if targets_graph is not None:
             parts["ours_graph_targets"] = lambda: targets_graph(ours.storage, last_value, GAMMA, LAM, normalize)
         row = {"num_envs": num_envs, "steps": steps, "device": str(device), "ours_path": resolve_backend("auto",

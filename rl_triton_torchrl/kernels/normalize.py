@@ -61,7 +61,7 @@ def _normalize_fwd_kernel(x_ptr, part_ptr, n, chunk_len, n_chunks, eps, ACC: tl.
     b_mean = tl.load(part_ptr + 2 * o_p, mask=m_p, other=0.0)  # [MAX_CHUNKS]
     b_m2 = tl.load(part_ptr + 2 * o_p + 1, mask=m_p, other=0.0)  # [MAX_CHUNKS]
     b_n = tl.where(m_p, tl.minimum(n - o_p.to(tl.int64) * chunk_len, chunk_len), 0).to(ACC)  # [MAX_CHUNKS]
-    n_all = n.to(ACC)
+    n_all = tl.cast(n, ACC)  # (n == 1 arrives as a constexpr)
     mean = tl.sum(b_n * b_mean, axis=0) / n_all
     b_dev = b_mean - mean
     m2 = tl.sum(b_m2 + b_n * b_dev * b_dev, axis=0)
@@ -88,7 +88,7 @@ def normalize_(x: torch.Tensor, eps: float = 1e-8, *, backend: str = "auto") -> 
     r"""Standardises ``x`` over all its elements, in place: ``(x - x.mean()) / (x.std() + eps)``.
 
     The standard deviation has Bessel's correction (torch's ``std``), so one element gives NaN, as in torch. Moments
-    accumulate in float32 (float64 for float64 inputs) on either path.
+    accumulate in float32 in the kernel (float64 for float64 inputs), in float64 on the torch path.
 
     Args:
         x (Tensor): any shape, floating point; non-contiguous tensors take the torch path.
@@ -114,11 +114,9 @@ def normalize_(x: torch.Tensor, eps: float = 1e-8, *, backend: str = "auto") -> 
     if path != "triton" or not x.is_contiguous():
         if backend == "triton" and not x.is_contiguous():
             raise InputError("normalize_ with backend='triton' needs a contiguous x; use backend='auto'")
-        if x.dtype in (torch.float16, torch.bfloat16):  # the moments in float32, as the kernel's
-            std, mean = torch.std_mean(x.float())
-            return x.copy_((x.float() - mean) / (std + eps))
-        std, mean = torch.std_mean(x)
-        return x.sub_(mean).div_(std.add_(eps))
+        wide = x.double()  # torch's float32 std_mean on CUDA loses digits a spread far below the mean needs
+        std, mean = torch.std_mean(wide)
+        return x.copy_((wide - mean) / (std + eps))
     n = x.numel()
     chunk_len, n_chunks = chunking(n)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
