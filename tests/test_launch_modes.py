@@ -84,7 +84,7 @@ def test_lookback_warp_local_segments(algo, monkeypatch):
     _compare(algo, (2, 600, 1), "random", seed=7, with_state=True)
 
 
-@pytest.mark.parametrize("block_t,block_r", [(1, 64), (2, 32)])
+@pytest.mark.parametrize("block_t,block_r", [(1, 64), (2, 32), (4, 32)])
 @pytest.mark.parametrize("shape", [(1, 23, 70), (70, 23, 1)], ids=["time-major", "batch-major"])
 @pytest.mark.parametrize("algo", list(TABLE))
 def test_narrow_time_tiles(algo, shape, block_t, block_r, monkeypatch):
@@ -99,6 +99,30 @@ def test_narrow_time_tiles(algo, shape, block_t, block_r, monkeypatch):
 
     monkeypatch.setattr(scan, "launch_config", narrow)
     _compare(algo, shape, "random", seed=5, with_state=True)
+
+
+@pytest.mark.parametrize("T", [1, 3, 24, 32, 33])
+def test_time_major_rule(T, monkeypatch):
+    """``TIME_MAJOR_*``: short sequences stored time-major over enough rows take narrow tiles on one warp, for the
+    swept kernels only; batch-major rows and longer sequences keep the other rules."""
+    monkeypatch.setattr(scan, "TIME_MAJOR_MIN_ROWS", 64)
+    for kernel in ("_gae_fwd_kernel", "_vtrace_fwd_kernel", "_td_lambda_fwd_kernel"):
+        for shape, rows_adjacent in (((1, T, 70), True), ((70, T, 1), False), ((1, T, 63), False)):
+            cfg = scan.launch_config(_layout(shape), kernel)
+            narrow = (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"]) == (32, min(max(2, 1 << (T - 1).bit_length()),
+                                                                               4), 1)
+            expected = rows_adjacent and T <= 32 and kernel in scan.TIME_MAJOR_KERNELS
+            assert narrow == expected, (kernel, shape, cfg)
+            if narrow:
+                assert cfg["grid"] == (3,)
+
+
+@pytest.mark.parametrize("T", [3, 24])
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_time_major_tiles_match_reference(algo, T, monkeypatch):
+    """The time-major rule's tiles (lowered to 64 rows here) against the references, with carried states."""
+    monkeypatch.setattr(scan, "TIME_MAJOR_MIN_ROWS", 64)
+    _compare(algo, (1, T, 70), "random", seed=T, with_state=True)
 
 
 @pytest.mark.parametrize("offsets", ["int64", "int32"])

@@ -89,6 +89,15 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # GAE 21.6 -> 13.8 µs (4 warps). V-trace keeps tiles of up to 1024 steps (its registers: 512 x 2048 23 µs, was 50).
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_MAX_T_PER_KERNEL = {"_vtrace_fwd_kernel": 1024}
+# Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
+# few steps wide over many rows read whole lines. Sequences of at most TIME_MAJOR_MAX_T steps whose time dimension
+# strides over at least TIME_MAJOR_MIN_ROWS rows (``layout.inner``), for the kernels in TIME_MAJOR_KERNELS: tiles of
+# TIME_MAJOR_BLOCK_R rows x TIME_MAJOR_BLOCK_T steps on one warp. H200 (sweep_time_major.md, every configuration
+# checked against the float64 torch path), against the tiles below: 65536 x 24 GAE 29.3 -> 17.7 µs, V-trace
+# 48.1 -> 23.5 µs; 65536 x 8 GAE 15.1 -> 9.9 µs, V-trace 17.7 -> 12.2 µs. 16384 x 24 (11.5 against 11.9 µs) and
+# 4096 x 24 or x 128 are faster with the tiles below; T = 32 and the other kernels were not swept.
+TIME_MAJOR_MIN_ROWS, TIME_MAJOR_MAX_T, TIME_MAJOR_BLOCK_R, TIME_MAJOR_BLOCK_T = 65536, 32, 32, 4
+TIME_MAJOR_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel"})
 # Contiguous rows of at most CONSTANT_MAX_T steps whose length is no multiple of 16 are compiled for their length
 # (``_constant_length``): vector loads and stores where Triton would otherwise emit 4-byte ones (sm_90 SASS of GAE:
 # 65536 x 24 624 -> 272 instructions, 4096 x 1000 448 -> 272). One compiled kernel per such length; longer
@@ -516,8 +525,9 @@ def _param_names(name: str) -> tuple[str, ...]:
 def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     """Tile sizes, grid and mode of a launch of the kernel ``kernel_name`` over ``layout``.
 
-    One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps (sequences of
-    ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
+    One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps (short
+    sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
+    ``TIME_MAJOR_BLOCK_T`` tiles on one warp; sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
     one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps); or, for long
     float32 sequences in too few rows to fill the GPU that way, one program per chunk of ``LOOKBACK_BLOCK_T``
     steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
@@ -537,7 +547,9 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     block_t = min(max(_pow2(layout.T), 2), MAX_BLOCK_T)
     block_r = max(1, min(_pow2(layout.rows), max(1, TILE_ELEMENTS // block_t)))
     num_warps = 4
-    if SHORT_MIN_T <= layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
+    if layout.inner >= TIME_MAJOR_MIN_ROWS and layout.T <= TIME_MAJOR_MAX_T and kernel_name in TIME_MAJOR_KERNELS:
+        block_r, block_t, num_warps = TIME_MAJOR_BLOCK_R, min(block_t, TIME_MAJOR_BLOCK_T), 1
+    elif SHORT_MIN_T <= layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
         block_r, num_warps = SHORT_BLOCK_R, SHORT_WARPS
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
         block_t = min(_pow2(layout.T), WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T))
@@ -798,7 +810,8 @@ _CONFIG_NAMES = frozenset({
     "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
     "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS", "WIDE_MAX_ROWS", "WIDE_MAX_T",
     "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL", "CONSTANT_MAX_T", "INT32_MAX_OFFSET",
-    "INT32_KERNELS"})
+    "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T", "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T",
+    "TIME_MAJOR_KERNELS"})
 _CONFIG_EPOCH = 0
 
 
