@@ -10,7 +10,7 @@ estimators' outputs are on the same batches.
 
 Each (seed, estimator) pair is one run of ``examples/<example>`` in a fresh process, one after the other (the seeds
 interleaved, so that a change in machine load touches both estimators alike). Where the example has
-``--cross-check`` (all but ``rsl_rl``), every batch is also given to the other estimator class, and the largest
+``--cross-check``, every batch is also given to the other estimator class, and the largest
 absolute differences of advantage and value target are logged. For ``rsl_rl`` the two "estimators" are the two PPO
 classes (``--algorithm rsl_rl|triton``) and the estimator's time is that of ``compute_returns``. Outputs, in
 ``--out`` (default ``runs/compare_<example>``):
@@ -50,8 +50,7 @@ EXAMPLES = {
     "impala": Example("impala_vtrace.py"),
     "ppo_gpu": Example("ppo_gpu.py"),
     "rsl_rl": Example("rsl_rl_ppo.py", flag="--algorithm", estimators=("rsl_rl", "triton"),
-                      time_key="compute_returns_time_s", losses=("loss_value", "loss_surrogate", "loss_entropy"),
-                      cross_check=False),
+                      time_key="compute_returns_time_s", losses=("loss_value", "loss_surrogate", "loss_entropy")),
 }
 
 

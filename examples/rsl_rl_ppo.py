@@ -26,6 +26,7 @@ collection, of ``compute_returns`` (the device synchronised before and after it)
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import os
 import sys
@@ -69,6 +70,10 @@ def make_parser():
                              "the final observation instead of rsl_rl's value before the step")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="(triton only, CUDA) cuda_graph=True: compute_returns replays one CUDA graph")
+    parser.add_argument("--cross-check", action="store_true",
+                        help="every iteration, also run the other PPO class's compute_returns on a copy of the "
+                             "same storage and log the largest differences (adv_max_abs_diff, "
+                             "target_max_abs_diff); its time is left out of the logged times")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     parser.add_argument("--out", help="output directory (default: runs/rsl_rl_<env>_<algorithm>_<seed>)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -114,6 +119,28 @@ def train_config(args):
     }
 
 
+def other_ppo_class(algorithm: str):
+    """The PPO class of the other ``--algorithm`` (what ``--cross-check`` compares against)."""
+    from rsl_rl.utils import resolve_callable
+
+    return resolve_callable(ALGORITHMS["rsl_rl" if algorithm == "triton" else "triton"])
+
+
+def twin_targets(alg, cls, obs):
+    """``cls.compute_returns(obs)`` on a twin of ``alg`` (the same critic, gamma, lambda and normalisation) whose
+    storage is a copy: its (advantages, returns), ``alg`` and its storage untouched. A recurrent critic's hidden
+    state is restored by either class's call."""
+    twin = object.__new__(cls)
+    twin.__dict__.update(alg.__dict__)
+    twin.__dict__.setdefault("_graph", None)  # our PPO's options, for a twin made from rsl_rl's
+    twin.__dict__.setdefault("exact_timeout_bootstrap", False)
+    twin.storage = copy.copy(alg.storage)
+    twin.storage.returns = alg.storage.returns.clone()  # rsl_rl's loop writes into it
+    twin.storage.advantages = alg.storage.advantages.clone()
+    cls.compute_returns(twin, obs)
+    return twin.storage.advantages, twin.storage.returns
+
+
 def main(argv=None):
     args = parse_args(argv)  # before importing torch: --help and bad flags answer at once
 
@@ -145,7 +172,8 @@ def main(argv=None):
     runner = OnPolicyRunner(env, train_config(args), log_dir=None, device=str(device))
 
     # ---- timing compute_returns (synchronised) and logging each iteration, through the runner's own calls ----
-    returns_times = []
+    returns_times, cross_checks = [], []
+    other = other_ppo_class(args.algorithm)
 
     def timed_compute_returns(obs, compute_returns=runner.alg.compute_returns):
         synchronize()
@@ -153,6 +181,13 @@ def main(argv=None):
         compute_returns(obs)
         synchronize()
         returns_times.append(time.perf_counter() - start)
+        if args.cross_check:
+            start = time.perf_counter()
+            st = runner.alg.storage
+            advantages, returns = twin_targets(runner.alg, other, obs)
+            cross_checks.append(((advantages - st.advantages).abs().max().item(),
+                                 (returns - st.returns).abs().max().item()))
+            cross_time.append(time.perf_counter() - start)
 
     runner.alg.compute_returns = timed_compute_returns
 
@@ -160,6 +195,9 @@ def main(argv=None):
     fields = ["iteration", "frames", "wall_time_s", "fps", "episodes", "return_mean", "episode_length_mean",
               "loss_value", "loss_surrogate", "loss_entropy", "learning_rate", "collection_time_s",
               "compute_returns_time_s", "learn_time_s", "iteration_time_s"]
+    if args.cross_check:
+        fields += ["adv_max_abs_diff", "target_max_abs_diff"]
+    cross_time = []
     frames_per_iteration = args.num_envs * args.steps
     rows = []
     bar = tqdm(total=args.iterations * frames_per_iteration, unit="frame", disable=not args.progress,
@@ -170,6 +208,8 @@ def main(argv=None):
     start = time.perf_counter()
 
     def log(*, it, collect_time, learn_time, loss_dict, learning_rate, **_):
+        collect_time -= sum(cross_time)  # the cross-check ran inside rsl_rl's collection
+        cross_time.clear()
         episodes, mean_return, mean_length = env.episode_stats()
         iteration_time = collect_time + learn_time
         row = {"iteration": len(rows), "frames": (len(rows) + 1) * frames_per_iteration,
@@ -180,6 +220,8 @@ def main(argv=None):
                "learning_rate": f"{learning_rate:.3g}", "collection_time_s": f"{collect_time:.6f}",
                "compute_returns_time_s": f"{returns_times[-1]:.6f}", "learn_time_s": f"{learn_time:.6f}",
                "iteration_time_s": f"{iteration_time:.6f}"}
+        if args.cross_check:
+            row["adv_max_abs_diff"], row["target_max_abs_diff"] = (f"{d:.3g}" for d in cross_checks[-1])
         writer.writerow(row)
         csv_file.flush()
         rows.append(row)
