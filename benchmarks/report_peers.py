@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -307,6 +308,7 @@ def markdown(data, name) -> str:
           "**graph** = one call captured 50 times in a CUDA graph, per call (L2 warm); **do_bench** = "
           "`triton.testing.do_bench` of a one-call graph, L2 flushed; **wall** = calls back to back, host wall time "
           "per call. All in µs.", ""]
+    L += _geomean_table(rows)
     L += _release_tables(rows)
     L += _puffer_table(rows)
     L += _host_table(rows)
@@ -321,6 +323,31 @@ def markdown(data, name) -> str:
                      f"{r.get('truncation', '')}: {r['status']}")
         L.append("")
     return "\n".join(L) + "\n"
+
+
+def _geomean_table(rows) -> list[str]:
+    """Per algorithm, over the release-grid cells where ours and rl-triton both passed: the geometric mean of
+    ours / rl-triton for each timing, and in how many cells ours is at most rl-triton's (graph device time)."""
+    grid = cells(rows, "release")
+    per_algo = defaultdict(list)
+    for (algo, *_), impls in grid.items():
+        per_algo[algo].append((impls.get("ours"), impls.get("rl_triton")))
+    if not per_algo:
+        return []
+    keys = ("full_call_us", "wall_us", "graph_us", "device_us")
+    L = ["## Per algorithm, ours / rl-triton", "",
+         "Geometric mean over the release-grid cells where both passed their checks (below 1 ours is faster), and the "
+         "cells where ours takes at most rl-triton's device time (50-call graph).", "",
+         "| algorithm | cells | full call | host wall | device, graph | device, do_bench | device ≤ rl-triton in |",
+         "|---|---|---|---|---|---|---|"]
+    for algo, pairs in per_algo.items():
+        cols = []
+        for key in keys:
+            ratios = [x for x in (ratio(o, p, key) for o, p in pairs) if x]
+            cols.append(_num(math.exp(statistics.fmean(map(math.log, ratios)))) if ratios else "-")
+        graph = [x for x in (ratio(o, p, "graph_us") for o, p in pairs) if x]
+        L.append(f"| {algo} | {len(graph)} | {' | '.join(cols)} | {sum(x <= 1 for x in graph)} of {len(graph)} |")
+    return L + [""]
 
 
 def _release_tables(rows) -> list[str]:
