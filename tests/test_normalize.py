@@ -40,16 +40,21 @@ def test_constant_and_single_element(backend):
     assert one.isnan().all()  # Bessel's correction over one element, as torch's std
 
 
-def test_eps():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eps(backend):
     x = torch.tensor([0.0, 1.0], device=DEVICE)
     expected = normalize_ref(x, eps=0.5)
-    assert_close("normalize_ eps", normalize_(x.clone(), 0.5, backend="triton"), expected.float().to(DEVICE))
+    assert_close("normalize_ eps", normalize_(x.clone(), 0.5, backend=backend), expected.float().to(DEVICE))
 
 
 def test_non_contiguous_takes_torch_path():
     x = torch.randn(8, 300, device=DEVICE).t()
     expected = normalize_ref(x)
     assert_close("normalize_ non-contiguous", normalize_(x), expected.float().to(DEVICE))
+
+
+@pytest.mark.triton
+def test_non_contiguous_refused_by_the_kernel():
     with pytest.raises(InputError, match="contiguous"):
         normalize_(torch.randn(8, 300, device=DEVICE).t(), backend="triton")
 
