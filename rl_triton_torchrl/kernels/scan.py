@@ -984,7 +984,9 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
     if b.device.type != "cpu":
         return _torch_scan(a, b, h0, reverse, cut=True)
     h, ht = _torch_scan(a, b, h0, reverse, cut=False)
-    if not (bool(torch.isfinite(h).all()) and bool(torch.isfinite(ht).all())):
+    # one sum instead of an elementwise isfinite: NaN or inf anywhere makes it non-finite (an overflowing sum of
+    # finite values only costs the cutting variant, which gives the same numbers)
+    if not bool((h.sum() + ht.sum()).isfinite()):
         h, ht = _torch_scan(a, b, h0, reverse, cut=True)
     return h, ht
 
@@ -992,6 +994,9 @@ def torch_linear_scan(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None 
 def _torch_scan(a, b, h0, reverse, cut):
     a, b = torch.broadcast_tensors(a, b)
     R, T = b.shape
+    # time-major storage (the rows adjacent in memory, e.g. SB3's and rsl_rl's [T, N]): the output is laid out the
+    # same way, so that writing it back to the inputs' layout copies nothing
+    time_major = R > 1 and T > 1 and b.stride(0) < b.stride(1)
     C = max(1, math.isqrt(T // 2))
     K = -(-T // C)
     if K * C > T:  # pad with identity steps (a = 1, b = 0): they pass the state through unchanged
@@ -1016,6 +1021,8 @@ def _torch_scan(a, b, h0, reverse, cut):
         enter[k] = h
         h = _torch_apply_map(p_last[k], h_last[k], h, cut)
     out = _torch_apply_map(torch.stack(p_loc), torch.stack(h_loc), torch.stack(enter, -1), cut)  # [C, R, K]
+    if time_major:  # [K * C, R] in memory, returned as its [R, T] view
+        return out.permute(2, 0, 1).reshape(K * C, R)[:T].t(), h
     return out.permute(1, 2, 0).reshape(R, K * C)[:, :T], h
 
 
