@@ -18,6 +18,7 @@ import torch
 from ._launcher import launcher
 from ._triton import tl, triton
 from ._utils import InputError, resolve_backend
+from .scan import triton_dtype
 
 __all__ = ["normalize_"]
 
@@ -119,9 +120,8 @@ def normalize_(x: torch.Tensor, eps: float = 1e-8, *, backend: str = "auto") -> 
         return x.copy_((wide - mean) / (std + eps))
     n = x.numel()
     chunk_len, n_chunks = chunking(n)
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    parts = torch.empty(n_chunks, 2, dtype=acc, device=x.device)
-    ACC = tl.float64 if acc == torch.float64 else tl.float32
+    ACC = triton_dtype(x.dtype)  # float64 for float64 inputs, float32 otherwise
+    parts = torch.empty(n_chunks, 2, dtype=torch.float64 if ACC == tl.float64 else torch.float32, device=x.device)
     launcher(_moments_fwd_kernel)((n_chunks,), NUM_WARPS, x_ptr=x, part_ptr=parts, n=n, chunk_len=chunk_len,
                                   ACC=ACC, BLOCK=BLOCK)
     launcher(_normalize_fwd_kernel)((n_chunks,), NUM_WARPS, x_ptr=x, part_ptr=parts, n=n, chunk_len=chunk_len,
