@@ -6,8 +6,8 @@ r"""Standardisation of a whole tensor in place, the way PPO implementations norm
     \bar x = \frac{1}{n} \sum_i x_i, \qquad s = \sqrt{\frac{1}{n - 1} \sum_i (x_i - \bar x)^2}
 
 (rsl_rl's ``(A - A.mean()) / (A.std() + 1e-8)``). Two launches and no host sync: the first reduces each chunk of the
-flattened tensor to its mean and its sum of squared deviations (shifted by the chunk's first element, so the squares
-do not cancel), the second combines every chunk's moments (Chan, Golub and LeVeque's pairwise update) and rewrites
+flattened tensor to its mean (relative to the first element of the tensor) and its sum of squared deviations
+(shifted by the chunk's first element, so that neither cancels when the mean is far from zero), the second combines every chunk's moments (Chan, Golub and LeVeque's pairwise update) and rewrites
 its chunk. On CUDA, torch's ``std_mean`` plus three elementwise kernels is a single-block reduction at rollout sizes
 such as 4096 x 24.
 """
@@ -33,10 +33,13 @@ NUM_WARPS = 4
 
 @triton.jit
 def _moments_fwd_kernel(x_ptr, part_ptr, n, chunk_len, ACC: tl.constexpr, BLOCK: tl.constexpr):
-    # part[i_c] = (mean, sum of squared deviations) of x[i_c * chunk_len : (i_c + 1) * chunk_len]
+    # part[i_c] = (mean - x[0], sum of squared deviations) of x[i_c * chunk_len : (i_c + 1) * chunk_len]; program 0
+    # also keeps x[0] in part[n_chunks] (the second kernel rewrites x). Means are taken relative to x[0], so that a
+    # mean far from zero is not rounded before the small deviations are subtracted from it.
     i_c = tl.program_id(0)
     o_lo = i_c.to(tl.int64) * chunk_len
     o_x = tl.arange(0, BLOCK)
+    b_ref = tl.load(x_ptr).to(ACC)
     b_shift = tl.load(x_ptr + o_lo).to(ACC)
     b_s1 = tl.zeros([BLOCK], dtype=ACC)
     b_s2 = tl.zeros([BLOCK], dtype=ACC)
@@ -48,8 +51,10 @@ def _moments_fwd_kernel(x_ptr, part_ptr, n, chunk_len, ACC: tl.constexpr, BLOCK:
         b_s2 += b_d * b_d
     b_n = tl.minimum(n - o_lo, chunk_len).to(ACC)
     b_sum = tl.sum(b_s1, axis=0)
-    tl.store(part_ptr + 2 * i_c, b_shift + b_sum / b_n)
+    tl.store(part_ptr + 2 * i_c, (b_shift - b_ref) + b_sum / b_n)
     tl.store(part_ptr + 2 * i_c + 1, tl.maximum(tl.sum(b_s2, axis=0) - b_sum * b_sum / b_n, 0.0))
+    if i_c == 0:
+        tl.store(part_ptr + 2 * tl.num_programs(0), b_ref)
 
 
 @triton.jit
@@ -59,8 +64,9 @@ def _normalize_fwd_kernel(x_ptr, part_ptr, n, chunk_len, n_chunks, eps, ACC: tl.
     i_c = tl.program_id(0)
     o_p = tl.arange(0, MAX_CHUNKS)
     m_p = o_p < n_chunks
-    b_mean = tl.load(part_ptr + 2 * o_p, mask=m_p, other=0.0)  # [MAX_CHUNKS]
+    b_mean = tl.load(part_ptr + 2 * o_p, mask=m_p, other=0.0)  # [MAX_CHUNKS], relative to x[0]
     b_m2 = tl.load(part_ptr + 2 * o_p + 1, mask=m_p, other=0.0)  # [MAX_CHUNKS]
+    b_ref = tl.load(part_ptr + 2 * n_chunks)  # x[0]
     b_n = tl.where(m_p, tl.minimum(n - o_p.to(tl.int64) * chunk_len, chunk_len), 0).to(ACC)  # [MAX_CHUNKS]
     n_all = tl.cast(n, ACC)  # (n == 1 arrives as a constexpr)
     mean = tl.sum(b_n * b_mean, axis=0) / n_all
@@ -74,7 +80,7 @@ def _normalize_fwd_kernel(x_ptr, part_ptr, n, chunk_len, n_chunks, eps, ACC: tl.
     for i in tl.range(0, chunk_len, BLOCK):
         o = o_lo + i + o_x
         m = o < n
-        b_x = tl.load(x_ptr + o, mask=m).to(ACC)  # [BLOCK]
+        b_x = tl.load(x_ptr + o, mask=m).to(ACC) - b_ref  # [BLOCK]
         tl.store(x_ptr + o, ((b_x - mean).to(tl.float64) / denom).to(ACC).to(x_ptr.dtype.element_ty), mask=m)
 
 
@@ -121,7 +127,8 @@ def normalize_(x: torch.Tensor, eps: float = 1e-8, *, backend: str = "auto") -> 
     n = x.numel()
     chunk_len, n_chunks = chunking(n)
     ACC = triton_dtype(x.dtype)  # float64 for float64 inputs, float32 otherwise
-    parts = torch.empty(n_chunks, 2, dtype=torch.float64 if ACC == tl.float64 else torch.float32, device=x.device)
+    acc = torch.float64 if ACC == tl.float64 else torch.float32
+    parts = torch.empty(2 * n_chunks + 1, dtype=acc, device=x.device)  # n_chunks (mean, M2) pairs, then x[0]
     launcher(_moments_fwd_kernel)((n_chunks,), NUM_WARPS, x_ptr=x, part_ptr=parts, n=n, chunk_len=chunk_len,
                                   ACC=ACC, BLOCK=BLOCK)
     launcher(_normalize_fwd_kernel)((n_chunks,), NUM_WARPS, x_ptr=x, part_ptr=parts, n=n, chunk_len=chunk_len,
