@@ -72,7 +72,7 @@ fi
 if has ablate_offsets; then  # each kernel with int32 and with int64 offsets (sets scan.INT32_KERNELS)
   timeout ${ABLATE_TIMEOUT:-500} python ablate_kernels.py --variants base,i32,i64 \
     --algorithms gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum \
-    --out "$R/h200" > "$R/ablate_offsets.log" 2>&1
+    ${ABLATE_ARGS:-} --out "$R/h200" > "$R/ablate_offsets.log" 2>&1
   tail -45 "$R/ablate_offsets.log"
 fi
 if has kernels; then
