@@ -110,11 +110,12 @@ CONSTANT_MAX_T = 4096
 WARP_LOCAL_T = tl.constexpr(128)
 # The largest element offset a launch computes in int32 (``_int64_offsets``); tests lower it to run the int64 path.
 INT32_MAX_OFFSET = 2**31 - 1
-# The kernels whose offsets are int32 where they fit: those measured no slower with them on the H200
-# (``benchmarks/results/h200/ablate_kernels.md``, variant i32: V-trace 72 -> 78% of the copy bandwidth at 65536 x 512,
-# GAE unchanged). The TD(lambda) kernel lost there (the discounted return 82 -> 77%), and the others are not measured
-# yet: int64 (sm_90 SASS of every kernel both ways: ``benchmarks/results/sm90_sass/int32_offsets.md``).
-INT32_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel"})
+# The kernels whose offsets are int32 where they fit: those measured faster with them on the H200
+# (``benchmarks/results/h200/ablate_offsets.md``, 2c80245, float32 with truncations at 2^25-2^27 elements: TD(lambda)
+# with values 80-86 -> 91-96% of the copy bandwidth, the discounted return (the same kernel without values) level;
+# V-trace and GAE level both ways). Retrace, the traces and the prefix sums measured level within noise and stay
+# int64 (sm_90 SASS of every kernel both ways: ``benchmarks/results/sm90_sass/int32_offsets.md``).
+INT32_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel", "_td_lambda_fwd_kernel"})
 # Every kernel built on this module's skeleton, by name (the generic scan's and each algorithm's): what the per-kernel
 # tables above choose from, and what tools and tests set them to when they want all of them.
 KERNELS = frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel",
