@@ -3,6 +3,7 @@
     python benchmarks/ablate_kernels.py                                   # default variants, shapes, algorithms
     python benchmarks/ablate_kernels.py --variants base,noscan --shapes 65536x512 --algorithms gae
     ncu --clock-control none -k regex:_fwd_kernel python benchmarks/ablate_kernels.py --worker base --once
+    (``--dtype bfloat16`` with ``--once``: the profiled call on bfloat16 inputs)
 
 Each variant runs in a process of its own, with one helper of the scan core (``kernels/scan.py``) replaced before
 any kernel compiles; every algorithm kernel picks the replacement up, since they share those helpers:
@@ -111,7 +112,7 @@ def worker(args) -> None:
     if args.once:  # one call per algorithm and shape, nothing timed: a target for a profiler (ncu)
         for shape in args.shapes.split(","):
             B, T = (int(v) for v in shape.split("x"))
-            x = rollout(B, T, torch.float32, "with")
+            x = rollout(B, T, getattr(torch, args.dtype), "with")
             for algo in args.algorithms.split(","):
                 ALGOS[algo].call(x, "triton")
         torch.cuda.synchronize()
@@ -163,6 +164,8 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--once", action="store_true", help="with --worker VARIANT: one call per cell, untimed "
                         "(a profiler's target)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="with --once: the inputs' dtype")
     args = parser.parse_args()
     if args.worker:
         return worker(args)

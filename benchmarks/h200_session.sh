@@ -4,9 +4,10 @@
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
 # STEPS picks steps (default: tests kernels estimators sb3 host ppo; also lean0, rslrl_tests, scale, hypothesis, peers,
-# firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, sweep_time_major, ddp1,
-# ddp2), run in this order: tests kerneltests lean0 rslrl_tests scale hypothesis sweep sweep_time_major ablate_offsets
-# kernels estimators sb3 host peers firstcall rslrl rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
+# firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, proto_misaligned, ncu,
+# sweep_time_major, ddp1, ddp2), run in this order: tests kerneltests lean0 rslrl_tests scale hypothesis sweep
+# sweep_time_major ablate_offsets proto_misaligned ncu kernels estimators sb3 host peers firstcall rslrl rslrl_ppo
+# ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
 # All of them take about 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py
 # --plan` estimates it), so with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -32,7 +33,7 @@ fi
 if has kerneltests; then  # the files that test the kernels, the look-back mode's concurrent chunks included
   timeout ${KTESTS_TIMEOUT:-240} python -m pytest tests/test_launch_modes.py tests/test_algorithms.py tests/test_vtrace_retrace.py \
     tests/test_traces_prefix.py tests/test_scan.py tests/test_nonfinite.py tests/test_determinism.py \
-    tests/test_autograd.py tests/test_normalize.py tests/test_gae_shifted.py -v -n 14 -p no:cacheprovider \
+    tests/test_autograd.py tests/test_normalize.py tests/test_gae_shifted.py -v -n 14 -p no:cacheprovider ${KTESTS_ARGS:-} \
     > "$R/pytest_kernels_cuda.log" 2>&1
   grep -E " (FAILED|ERROR) " "$R/pytest_kernels_cuda.log" | head -20; tail -1 "$R/pytest_kernels_cuda.log"
 fi
@@ -74,6 +75,20 @@ if has ablate_offsets; then  # each kernel with int32 and with int64 offsets (se
     --algorithms gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum \
     ${ABLATE_ARGS:-} --out "$R/h200" > "$R/ablate_offsets.log" 2>&1
   tail -45 "$R/ablate_offsets.log"
+fi
+if has proto_misaligned; then  # misaligned rows (T no multiple of 4): three prototype kernels against ours
+  timeout ${PROTO_TIMEOUT:-150} python proto_misaligned.py --out "$R/h200" > "$R/proto_misaligned.log" 2>&1
+  tail -14 "$R/h200/proto_misaligned.md"
+fi
+if has ncu; then  # hardware counters of every kernel at NCU_SHAPE, float32 then bfloat16 (what bounds each)
+  for dt in float32 bfloat16; do
+    timeout ${NCU_TIMEOUT:-120} ncu --clock-control none --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis -k regex:_fwd_kernel python ablate_kernels.py --worker base --once \
+      --dtype $dt --shapes ${NCU_SHAPE:-65536x512} --algorithms ${NCU_ALGORITHMS:-gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum} \
+      > "$R/h200/ncu_$dt.txt" 2>&1
+    grep -E "^  _|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy" "$R/h200/ncu_$dt.txt" | head -80
+  done
 fi
 if has kernels; then
   if [[ "$QUICK" == 1 ]]; then
