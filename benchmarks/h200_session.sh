@@ -5,9 +5,9 @@
 #
 # STEPS picks steps (default: tests kernels estimators sb3 host ppo; also lean0, rslrl_tests, scale, hypothesis, peers,
 # firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, proto_misaligned, ncu,
-# sweep_time_major, ddp1, ddp2), run in this order: tests kerneltests lean0 rslrl_tests scale hypothesis sweep
-# sweep_time_major ablate_offsets proto_misaligned ncu kernels estimators sb3 host peers firstcall rslrl rslrl_ppo
-# ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
+# sweep_stages, sweep_time_major, ddp1, ddp2), run in this order: tests kerneltests lean0 rslrl_tests scale hypothesis
+# sweep sweep_stages sweep_time_major ablate_offsets proto_misaligned ncu kernels estimators sb3 host peers firstcall
+# rslrl rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
 # All of them take about 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py
 # --plan` estimates it), so with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -33,7 +33,7 @@ fi
 if has kerneltests; then  # the files that test the kernels, the look-back mode's concurrent chunks included
   timeout ${KTESTS_TIMEOUT:-240} python -m pytest tests/test_launch_modes.py tests/test_algorithms.py tests/test_vtrace_retrace.py \
     tests/test_traces_prefix.py tests/test_scan.py tests/test_nonfinite.py tests/test_determinism.py \
-    tests/test_autograd.py tests/test_normalize.py tests/test_gae_shifted.py -v -n 14 -p no:cacheprovider ${KTESTS_ARGS:-} \
+    tests/test_autograd.py tests/test_normalize.py tests/test_gae_shifted.py -v -n 14 -p no:cacheprovider ${KTESTS_K:+-k "$KTESTS_K"} \
     > "$R/pytest_kernels_cuda.log" 2>&1
   grep -E " (FAILED|ERROR) " "$R/pytest_kernels_cuda.log" | head -20; tail -1 "$R/pytest_kernels_cuda.log"
 fi
@@ -63,6 +63,12 @@ if has sweep; then  # launch configurations per shape (feeds scan.launch_config)
   timeout ${SWEEP_TIMEOUT:-330} python sweep_configs.py --preset ${SWEEP_PRESETS:-long,large,short} \
     --budget-s ${SWEEP_BUDGET:-280} --out "$R/h200" > "$R/sweep_configs.log" 2>&1
   tail -30 "$R/h200/sweep_configs.md"
+fi
+if has sweep_stages; then  # software-pipelined chunk loops (NUM_STAGES) on the large rollouts' row tiles
+  timeout ${SWEEP_ST_TIMEOUT:-240} python sweep_configs.py --preset stages \
+    --algorithms ${SWEEP_ST_ALGORITHMS:-gae,vtrace,td_lambda,discounted_return} --budget-s ${SWEEP_ST_BUDGET:-200} \
+    --name sweep_stages --out "$R/h200" > "$R/sweep_stages.log" 2>&1
+  tail -20 "$R/h200/sweep_stages.md"
 fi
 if has sweep_time_major; then  # time-major storage (rsl_rl's [T, N, 1]): narrow time tiles against whole-T tiles
   timeout ${SWEEP_TM_TIMEOUT:-300} python sweep_configs.py --preset time_major \

@@ -122,6 +122,11 @@ PRESETS = {
     # the same: the uncapped configuration timed before and after a capped one (does the order matter?)
     "regs_ab": ([(65536, 2048)], lambda T: [rows_cfg(128, 4, 4), dict(rows_cfg(128, 4, 4), maxnreg=40),
                                              rows_cfg(128, 4, 4)]),
+    # the chunk loop software-pipelined (the next chunk's loads issued before this one's scan): the large rollouts'
+    # kernels stall on their loads (ncu at 65536 x 512: 70-84% of the cycles waiting on a long scoreboard)
+    "stages": ([(65536, 512), (16384, 2048), (65536, 2048)],
+               lambda T: [rows_cfg(128, 4, 4)] + [dict(rows_cfg(128, 4, 4, s), **cap) for s in (2, 3)
+                                                  for cap in ({}, {"maxnreg": 64})]),
     # register caps: occupancy against spills
     "regs": ([(16384, 2048), (65536, 2048), (65536, 512)], _regs_candidates),
     # tiles of 128 steps against whole-T tiles
