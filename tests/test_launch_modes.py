@@ -240,25 +240,45 @@ def test_short_sequence_tiles(algo, shape):
 
 
 def test_register_caps_on_warp_local_row_tiles_only(monkeypatch):
-    """A kernel in ``REGISTER_CAPS`` gets ``maxnreg`` on 128-step row tiles with float32 accumulation, nowhere else."""
+    """A kernel in ``REGISTER_CAPS`` gets ``maxnreg`` on 128-step row tiles of one chunk per row with float32
+    accumulation, nowhere else."""
     monkeypatch.setattr(scan, "REGISTER_CAPS", {"k": 40})
-    assert scan.launch_config(_layout((4096, 512, 1)), "k")["maxnreg"] == 40
-    assert scan.launch_config(_layout((4096, 512, 1), torch.bfloat16), "k")["maxnreg"] == 40
-    assert "maxnreg" not in scan.launch_config(_layout((4096, 512, 1)), "other")
-    assert "maxnreg" not in scan.launch_config(_layout((4096, 512, 1)))
-    assert "maxnreg" not in scan.launch_config(_layout((4096, 512, 1), torch.float64), "k")
+    assert scan.launch_config(_layout((4096, 128, 1)), "k")["maxnreg"] == 40
+    assert scan.launch_config(_layout((4096, 100, 1), torch.bfloat16), "k")["maxnreg"] == 40
+    assert "maxnreg" not in scan.launch_config(_layout((4096, 128, 1)), "other")
+    assert "maxnreg" not in scan.launch_config(_layout((4096, 128, 1)))
+    assert "maxnreg" not in scan.launch_config(_layout((4096, 128, 1), torch.float64), "k")
     assert "maxnreg" not in scan.launch_config(_layout((4096, 32, 1)), "k")  # 32-step tiles
+    assert "maxnreg" not in scan.launch_config(_layout((4096, 512, 1)), "k")  # several chunks: pipelined instead
     assert "maxnreg" not in scan.launch_config(_layout((4, 2**16, 1)), "k")  # look-back chunks
 
 
-@pytest.mark.parametrize("algo", ["gae", "vtrace"])
-def test_register_capped_kernels_match_reference(algo, monkeypatch):
-    """The capped kernels (``maxnreg`` passed through the launcher) at a shape that selects them (row tiles: the
-    few-rows rule switched off), with the chunk loop walking several 128-step tiles."""
+@pytest.mark.parametrize("T", [129, 300, 1000])
+def test_pipelined_chunk_loop_on_rows_of_several_chunks(T):
+    """128-step row tiles of rows longer than one chunk, float32 accumulation: ``PIPELINE_STAGES`` stages, no
+    register cap; one chunk per row, float64, other tiles and look-back chunks keep one stage."""
+    for kernel in sorted(scan.KERNELS):
+        cfg = scan.launch_config(_layout((4096, T, 1)), kernel)
+        assert (cfg["BLOCK_T"], cfg["NUM_STAGES"]) == (scan.WARP_LOCAL_T, scan.PIPELINE_STAGES), (kernel, cfg)
+        assert "maxnreg" not in cfg
+        assert scan.launch_config(_layout((4096, T, 1), torch.bfloat16), kernel)["NUM_STAGES"] == scan.PIPELINE_STAGES
+        assert scan.launch_config(_layout((4096, T, 1), torch.float64), kernel)["NUM_STAGES"] == 1
+    for shape in ((4096, 128, 1), (4096, 24, 1), (16, 3000, 1), (4, 2**16, 1)):
+        assert scan.launch_config(_layout(shape), "_gae_fwd_kernel")["NUM_STAGES"] == 1, shape
+
+
+@pytest.mark.parametrize("algo,T", [("gae", 100), ("vtrace", 100), ("gae", 300), ("vtrace", 300), ("td_lambda", 300),
+                                    ("discounted", 300), ("retrace", 300), ("traces", 300), ("sum_at_start", 300)])
+def test_capped_and_pipelined_kernels_match_reference(algo, T, monkeypatch):
+    """The capped kernels (``maxnreg`` passed through the launcher; one 128-step chunk per row) and the pipelined
+    ones (several chunks) at shapes that select them (row tiles: the few-rows rule switched off)."""
     monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
-    assert scan.launch_config(_layout((5, 300, 1)), f"_{algo}_fwd_kernel").get("maxnreg") == scan.REGISTER_CAPS[
-        f"_{algo}_fwd_kernel"]
-    _compare(algo, (5, 300, 1), "random", seed=11, with_state=True)
+    cfg = scan.launch_config(_layout((5, T, 1)), f"_{algo}_fwd_kernel")
+    if T > scan.WARP_LOCAL_T:
+        assert cfg["NUM_STAGES"] == scan.PIPELINE_STAGES and "maxnreg" not in cfg
+    else:
+        assert cfg.get("maxnreg") == scan.REGISTER_CAPS[f"_{algo}_fwd_kernel"]
+    _compare(algo, (5, T, 1), "random", seed=11, with_state=True)
 
 
 def test_segmented_lookback_per_kernel(monkeypatch):
