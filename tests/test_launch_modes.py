@@ -240,8 +240,8 @@ def test_short_sequence_tiles(algo, shape):
 
 
 def test_register_caps_on_warp_local_row_tiles_only(monkeypatch):
-    """A kernel in ``REGISTER_CAPS`` gets ``maxnreg`` on 128-step row tiles of one chunk per row with float32
-    accumulation, nowhere else."""
+    """A kernel in ``REGISTER_CAPS`` gets ``maxnreg`` on 128-step row tiles with float32 accumulation, unless its
+    rows of several chunks are pipelined (``PIPELINE_KERNELS``), and nowhere else."""
     monkeypatch.setattr(scan, "REGISTER_CAPS", {"k": 40})
     assert scan.launch_config(_layout((4096, 128, 1)), "k")["maxnreg"] == 40
     assert scan.launch_config(_layout((4096, 100, 1), torch.bfloat16), "k")["maxnreg"] == 40
@@ -249,15 +249,20 @@ def test_register_caps_on_warp_local_row_tiles_only(monkeypatch):
     assert "maxnreg" not in scan.launch_config(_layout((4096, 128, 1)))
     assert "maxnreg" not in scan.launch_config(_layout((4096, 128, 1), torch.float64), "k")
     assert "maxnreg" not in scan.launch_config(_layout((4096, 32, 1)), "k")  # 32-step tiles
+    assert scan.launch_config(_layout((4096, 512, 1)), "k")["maxnreg"] == 40  # several chunks, not pipelined
+    monkeypatch.setattr(scan, "PIPELINE_KERNELS", frozenset({"k"}))
     assert "maxnreg" not in scan.launch_config(_layout((4096, 512, 1)), "k")  # several chunks: pipelined instead
     assert "maxnreg" not in scan.launch_config(_layout((4, 2**16, 1)), "k")  # look-back chunks
 
 
 @pytest.mark.parametrize("T", [129, 300, 1000])
 def test_pipelined_chunk_loop_on_rows_of_several_chunks(T):
-    """128-step row tiles of rows longer than one chunk, float32 accumulation: ``PIPELINE_STAGES`` stages, no
-    register cap; one chunk per row, float64, other tiles and look-back chunks keep one stage."""
-    for kernel in sorted(scan.KERNELS):
+    """128-step row tiles of rows longer than one chunk, float32 accumulation, a kernel in ``PIPELINE_KERNELS``:
+    ``PIPELINE_STAGES`` stages, no register cap; other kernels, one chunk per row, float64, other tiles and look-back
+    chunks keep one stage."""
+    for kernel in sorted(scan.KERNELS - scan.PIPELINE_KERNELS):
+        assert scan.launch_config(_layout((4096, T, 1)), kernel)["NUM_STAGES"] == 1, kernel
+    for kernel in sorted(scan.PIPELINE_KERNELS):
         cfg = scan.launch_config(_layout((4096, T, 1)), kernel)
         assert (cfg["BLOCK_T"], cfg["NUM_STAGES"]) == (scan.WARP_LOCAL_T, scan.PIPELINE_STAGES), (kernel, cfg)
         assert "maxnreg" not in cfg
@@ -268,16 +273,17 @@ def test_pipelined_chunk_loop_on_rows_of_several_chunks(T):
 
 
 @pytest.mark.parametrize("algo,T", [("gae", 100), ("vtrace", 100), ("gae", 300), ("vtrace", 300), ("td_lambda", 300),
-                                    ("discounted", 300), ("retrace", 300), ("traces", 300), ("sum_at_start", 300)])
+                                    ("discounted", 300)])
 def test_capped_and_pipelined_kernels_match_reference(algo, T, monkeypatch):
     """The capped kernels (``maxnreg`` passed through the launcher; one 128-step chunk per row) and the pipelined
     ones (several chunks) at shapes that select them (row tiles: the few-rows rule switched off)."""
     monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
-    cfg = scan.launch_config(_layout((5, T, 1)), f"_{algo}_fwd_kernel")
+    kernel = "_td_lambda_fwd_kernel" if algo == "discounted" else f"_{algo}_fwd_kernel"
+    cfg = scan.launch_config(_layout((5, T, 1)), kernel)
     if T > scan.WARP_LOCAL_T:
         assert cfg["NUM_STAGES"] == scan.PIPELINE_STAGES and "maxnreg" not in cfg
     else:
-        assert cfg.get("maxnreg") == scan.REGISTER_CAPS[f"_{algo}_fwd_kernel"]
+        assert cfg.get("maxnreg") == scan.REGISTER_CAPS[kernel]
     _compare(algo, (5, T, 1), "random", seed=11, with_state=True)
 
 

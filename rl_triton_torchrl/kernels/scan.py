@@ -73,14 +73,18 @@ LOOKBACK_SEGMENT_T = 128
 LOOKBACK_SEGMENTS = 32
 LOOKBACK_SEGMENTED = frozenset({"_vtrace_fwd_kernel", "_td_lambda_fwd_kernel"})
 LOOKBACK_WINDOW = 32
-# Row tiles of WARP_LOCAL_T steps that walk several chunks per row (T > WARP_LOCAL_T) software-pipeline their chunk
-# loop over PIPELINE_STAGES stages (Triton's ``num_stages``: the next chunks' loads are in flight while one chunk is
-# scanned), with float32 accumulation. The kernels stalled on their loads (ncu at 65536 x 512, one stage: 70-84% of
-# the cycles on a long scoreboard, issue slots 30-51% busy; benchmarks/results/h200/ncu_float32.txt). H200
-# (sweep_stages.md), 3 stages against 1: V-trace 79 -> 99% of the copy bandwidth at 65536 x 512 and 75 -> 100% at
-# 65536 x 2048, GAE 85 -> 96%, TD(lambda) 88 -> 99%, the discounted return 81 -> 94% there; with or without a cap of
-# 64 registers within 2%, so these tiles take no cap.
+# Row tiles of WARP_LOCAL_T steps that walk several chunks per row (T > WARP_LOCAL_T), for the kernels in
+# PIPELINE_KERNELS, software-pipeline their chunk loop over PIPELINE_STAGES stages (Triton's ``num_stages``: the next
+# chunks' loads are in flight while one chunk is scanned), with float32 accumulation. The kernels stalled on their
+# loads (ncu at 65536 x 512, one stage: 70-84% of the cycles on a long scoreboard, issue slots 30-51% busy;
+# benchmarks/results/h200/ncu_float32.txt). H200 (sweep_stages.md), 3 stages against 1: V-trace 79 -> 99% of the copy
+# bandwidth at 65536 x 512 and 75 -> 100% at 65536 x 2048, GAE 85 -> 96%, TD(lambda) 88 -> 99%, the discounted
+# return 81 -> 94% there, with or without a cap of 64 registers within 2% (so these tiles take no cap). Over the whole
+# grid, both dtypes (compare_stages.md): those three kernels up to 1.57x faster (bfloat16 V-trace 58 -> 92%) and none
+# slower by more than 5%; the prefix-sum kernel (traces, prefix sums: bfloat16 12-17% slower at 16384-65536 rows) and
+# Retrace (float32 4096 x 512 11-13% slower, nothing faster) keep one stage.
 PIPELINE_STAGES = 3
+PIPELINE_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel", "_td_lambda_fwd_kernel"})
 # Registers per thread, capped per kernel for the WARP_LOCAL_T-step row tiles of one chunk per row with float32
 # accumulation (Triton's ``maxnreg``): more programs per SM. Measured (sweep_regs.md, sweep_regs_ab.md) before the
 # pipelined tiles above, on rows of several chunks, against the uncapped kernel: GAE at 40 (48 uncapped) 2-7% faster at
@@ -544,9 +548,9 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     ``LOOKBACK_SEGMENTED``) with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back
     window). The look-back composes a chunk's entering state from whichever predecessors have published, so its
     rounding may differ in the last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the
-    per-row kernels run. ``WARP_LOCAL_T``-step row tiles with float32 accumulation pipeline their chunk loop over
-    ``PIPELINE_STAGES`` stages where a row has several chunks, and otherwise give a kernel in ``REGISTER_CAPS`` its
-    cap (``maxnreg``).
+    per-row kernels run. ``WARP_LOCAL_T``-step row tiles with float32 accumulation pipeline the chunk loop of a kernel
+    in ``PIPELINE_KERNELS`` over ``PIPELINE_STAGES`` stages where a row has several chunks, and otherwise give a
+    kernel in ``REGISTER_CAPS`` its cap (``maxnreg``).
     """
     if (layout.acc_dtype == torch.float32 and layout.T >= LOOKBACK_MIN_T and layout.rows <= LOOKBACK_MAX_ROWS
             and LOOKBACK_WINDOW and not torch.are_deterministic_algorithms_enabled()):
@@ -574,7 +578,7 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
         "LOOKBACK": 0,
     }
     if block_t == WARP_LOCAL_T and layout.acc_dtype == torch.float32:
-        if layout.T > block_t:  # several chunks per row
+        if layout.T > block_t and kernel_name in PIPELINE_KERNELS:  # several chunks per row
             cfg["NUM_STAGES"] = PIPELINE_STAGES
         elif kernel_name in REGISTER_CAPS:
             cfg["maxnreg"] = REGISTER_CAPS[kernel_name]
@@ -822,7 +826,7 @@ _VIEW_FACTS = operator.attrgetter("shape", "dtype", "device")
 _CONFIG_NAMES = frozenset({
     "launch_config", "MAX_BLOCK_T", "TILE_ELEMENTS", "LOOKBACK_MIN_T", "LOOKBACK_MAX_ROWS", "LOOKBACK_BLOCK_T",
     "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
-    "PIPELINE_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS", "WIDE_MAX_ROWS",
+    "PIPELINE_STAGES", "PIPELINE_KERNELS", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS", "WIDE_MAX_ROWS",
     "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL", "CONSTANT_MAX_T", "INT32_MAX_OFFSET",
     "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T", "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T",
     "TIME_MAJOR_KERNELS"})
