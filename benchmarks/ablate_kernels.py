@@ -3,7 +3,7 @@
     python benchmarks/ablate_kernels.py                                   # default variants, shapes, algorithms
     python benchmarks/ablate_kernels.py --variants base,noscan --shapes 65536x512 --algorithms gae
     ncu --clock-control none -k regex:_fwd_kernel python benchmarks/ablate_kernels.py --worker base --once
-    (``--dtype bfloat16`` with ``--once``: the profiled call on bfloat16 inputs)
+    python benchmarks/ablate_kernels.py --variants pipe1,pipe2,pipe3 --dtype bfloat16   # pipelined chunk loops
 
 Each variant runs in a process of its own, with one helper of the scan core (``kernels/scan.py``) replaced before
 any kernel compiles; every algorithm kernel picks the replacement up, since they share those helpers:
@@ -16,12 +16,14 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``stream``: loads marked ``evict_first`` and stores ``.cs`` (streaming: the data is touched once).
 - ``fwdfake``: the forward scan in place of every reverse one (wrong numbers on purpose, not checked): the work of a
   reverse scan that needs no reversal of its data, an upper bound on what removing Triton's can give.
+- ``pipe1``, ``pipe2``, ``pipe3``: the chunk loops of every kernel's 128-step row tiles over 1, 2 or 3 stages
+  (``scan.PIPELINE_KERNELS``, ``PIPELINE_STAGES``; main pipelines some kernels over 3).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
 the kernels' own duration from the GPU's activity records (``kernel_us``, L2 flushed, no launch counted), and both
 as a fraction of the copy bandwidth measured in the same run. Only ``base`` and the variants that keep the
-arithmetic are checked against the float64 reference (``noscan`` computes something else on purpose).
+arithmetic are checked against the float64 torch path (``noscan`` computes something else on purpose).
 Results: ``<out>/ablate_kernels.json`` and ``.md``.
 """
 from __future__ import annotations
@@ -86,6 +88,9 @@ PATCHES = {
     "i32": {"INT32_KERNELS": _scan.KERNELS},
     "i64": {"INT32_KERNELS": frozenset()},
     "stream": {"load_tile": _load_tile_stream, "store_tile": _store_tile_stream},
+    "pipe1": {"PIPELINE_KERNELS": frozenset()},
+    "pipe2": {"PIPELINE_KERNELS": _scan.KERNELS, "PIPELINE_STAGES": 2},
+    "pipe3": {"PIPELINE_KERNELS": _scan.KERNELS, "PIPELINE_STAGES": 3},
 }
 
 
@@ -107,8 +112,6 @@ def worker(args) -> None:
     apply_variant(args.worker)
     from _common import copy_bandwidth, device_time_us, kernel_time_us
     from bench_kernels import ALGOS, _tuple, check, rollout
-    from rl_triton_torchrl.kernels import reference as ref
-
     if args.once:  # one call per algorithm and shape, nothing timed: a target for a profiler (ncu)
         for shape in args.shapes.split(","):
             B, T = (int(v) for v in shape.split("x"))
@@ -119,40 +122,28 @@ def worker(args) -> None:
         return
     bw = copy_bandwidth()
     rows = []
+    dtype = getattr(torch, args.dtype)
     for shape in args.shapes.split(","):
         B, T = (int(v) for v in shape.split("x"))
-        x = rollout(B, T, torch.float32, "with")
+        x = rollout(B, T, dtype, "with")
         for algo in args.algorithms.split(","):
             spec = ALGOS[algo]
             fn = lambda: spec.call(x, "triton")  # noqa: E731
             err = None
             if "noscan" not in args.worker and "fake" not in args.worker and B * T <= 1 << 22:
-                refs = [r for r in _tuple(_reference(ref, algo, x))]
-                err = check(fn(), refs, torch.float32)
+                x64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                       for k, v in x.items()}
+                refs = _tuple(spec.call(x64, "torch"))  # the float64 torch path
+                err = check(fn(), refs, dtype)
             us, how = device_time_us(fn, True, 3, 20)
             k_us = kernel_time_us(fn)
-            nbytes = B * T * spec.bytes_per_element(4, "with")
-            rows.append({"variant": args.worker, "algorithm": algo, "B": B, "T": T, "device_us": us,
-                         "kernel_us": k_us, "bytes": nbytes, "bw_frac": nbytes / (us * 1e-6) / bw,
+            nbytes = B * T * spec.bytes_per_element(dtype.itemsize, "with")
+            rows.append({"variant": args.worker, "algorithm": algo, "B": B, "T": T, "dtype": args.dtype,
+                         "device_us": us, "kernel_us": k_us, "bytes": nbytes, "bw_frac": nbytes / (us * 1e-6) / bw,
                          "kernel_bw_frac": nbytes / (k_us * 1e-6) / bw, "err": err, "timing": how,
                          "copy_GBps": bw / 1e9})
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
-
-
-def _reference(ref, algo, x):
-    from bench_kernels import GAMMA, LMBDA
-
-    d = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in x.items()}
-    if algo == "gae":
-        return ref.gae_ref(d["r"], d["v"], d["nv"], d["d"], d["t"], gamma=GAMMA, lmbda=LMBDA)
-    if algo == "td_lambda":
-        return ref.td_lambda_return_ref(d["r"], d["nv"], d["d"], d["t"], gamma=GAMMA, lmbda=LMBDA)
-    if algo == "discounted_return":
-        return ref.discounted_return_ref(d["r"], d["d"], gamma=GAMMA)
-    if algo == "vtrace":
-        return ref.vtrace_ref(d["lpi"], d["lmu"], d["v"], d["nv"], d["r"], d["d"], d["t"], gamma=GAMMA)
-    raise ValueError(f"no reference wired for {algo}")
 
 
 def main() -> None:
@@ -161,37 +152,39 @@ def main() -> None:
     parser.add_argument("--shapes", default=SHAPES, help="comma-separated BxT")
     parser.add_argument("--algorithms", "--algos", default=ALGORITHMS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "h200"))
+    parser.add_argument("--name", default="ablate_kernels")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--once", action="store_true", help="with --worker VARIANT: one call per cell, untimed "
                         "(a profiler's target)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="with --once: the inputs' dtype")
+                        help="the inputs' dtype")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     rows = []
     for variant in args.variants.split(","):
         proc = subprocess.run([sys.executable, __file__, "--worker", variant, "--shapes", args.shapes,
-                               "--algorithms", args.algorithms], capture_output=True, text=True,
+                               "--algorithms", args.algorithms, "--dtype", args.dtype], capture_output=True, text=True,
                               cwd=Path(__file__).parent)
         got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         rows += got
         print(f"{variant}: {len(got)} rows" + ("" if proc.returncode == 0 else f", exit {proc.returncode}: "
                                                 + proc.stderr[-2000:]), flush=True)
-    write(rows, Path(args.out))
+    write(rows, Path(args.out), args.name)
 
 
-def write(rows, out: Path) -> None:
+def write(rows, out: Path, name: str) -> None:
     from _common import environment
 
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
     env["command"] = "python benchmarks/ablate_kernels.py " + " ".join(sys.argv[1:])
-    (out / "ablate_kernels.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    (out / f"{name}.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     cells = list(dict.fromkeys((r["algorithm"], r["B"], r["T"]) for r in rows))
     by = {(r["variant"], r["algorithm"], r["B"], r["T"]): r for r in rows}
-    lines = ["# Kernel ablation (one stage left out or changed)", "",
+    dtypes = ", ".join(dict.fromkeys(r.get("dtype", "float32") for r in rows))
+    lines = [f"# Kernel ablation (one stage left out or changed; {dtypes})", "",
              "Generated by `benchmarks/ablate_kernels.py`; do not edit by hand.", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += ["", "Per variant: device µs (do_bench, one-call graph, L2 flushed) / kernel µs (activity records, L2 "
@@ -207,7 +200,7 @@ def write(rows, out: Path) -> None:
             bad = " wrong" if r["err"] is not None and r["err"] < 0 else ""
             cols.append(f"{r['device_us']:.1f} / {r['kernel_us']:.1f} ({100 * r['kernel_bw_frac']:.0f}%){bad}")
         lines.append(f"| {algo} | {B} | {T} | " + " | ".join(cols) + " |")
-    (out / "ablate_kernels.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[-len(cells) - 2:]))
 
 

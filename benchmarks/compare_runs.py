@@ -59,7 +59,8 @@ def main() -> None:
                      f"{sum(r < 1 - args.tolerance for r in rs)} | {sum(r > 1 + args.tolerance for r in rs)} |")
     listed = sorted((r for r in out if abs(r["ratio"] - 1) > args.tolerance), key=lambda r: r["ratio"])
     lines += ["", f"Cells outside 1 ± {args.tolerance:.0%} ({len(listed)}):", "",
-              "| algorithm | dtype | truncation | B | T | before µs | after µs | after / before | % copy bw before | after |",
+              "| algorithm | dtype | truncation | B | T | before µs | after µs | after / before | % copy bw before "
+              "| after |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in listed:
         lines.append(f"| {r['algorithm']} | {r['dtype']} | {r['truncation']} | {r['B']} | {r['T']} | "

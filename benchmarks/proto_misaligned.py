@@ -175,7 +175,10 @@ def main() -> None:
         cols = []
         for kind in ("ours", "rows", "window", "flat"):
             c = row[kind]
-            cols.append("-" if c is None else ("wrong" if not c["ok"] else f"{c['us']:.1f} ({100 * c['bw_frac']:.0f}%)"))
+            if c is None or not c["ok"]:
+                cols.append("-" if c is None else "wrong")
+            else:
+                cols.append(f"{c['us']:.1f} ({100 * c['bw_frac']:.0f}%)")
         lines.append(f"| {row['B']} | {row['T']} | " + " | ".join(cols) + " |")
     (out / "proto_misaligned.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[-len(rows) - 2:]))
