@@ -3,11 +3,12 @@
 # estimator. Run from the repository root on the GPU machine (see ../shared/device/README.md for the wheels);
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
-# STEPS picks steps (default: tests kernels estimators sb3 host ppo; also lean0, rslrl_tests, scale, hypothesis, peers,
-# firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, proto_misaligned, ncu,
-# sweep_stages, sweep_time_major, ddp1, ddp2), run in this order: tests kerneltests lean0 rslrl_tests scale hypothesis
-# sweep sweep_stages sweep_time_major ablate_offsets proto_misaligned ncu kernels estimators sb3 host peers firstcall
-# rslrl rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
+# STEPS picks steps (default: tests kernels estimators sb3 host ppo; also kerneltests, kerneltests1, kerneltests2,
+# lean0, rslrl_tests, scale, hypothesis, peers, firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute,
+# ppo_gpu_65536, ablate_offsets, proto_misaligned, ncu, sweep, sweep_stages, sweep_time_major, ddp1, ddp2), run in
+# this order: tests kerneltests kerneltests1 kerneltests2 lean0 rslrl_tests scale hypothesis sweep sweep_stages
+# sweep_time_major ablate_offsets proto_misaligned ncu kernels estimators sb3 host peers firstcall rslrl rslrl_ppo
+# ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
 # All of them take about 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py
 # --plan` estimates it), so with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -30,13 +31,20 @@ if has tests; then
     > "$R/pytest_cuda.log" 2>&1
   grep -E " (FAILED|ERROR) " "$R/pytest_cuda.log" | head -20; tail -1 "$R/pytest_cuda.log"
 fi
-if has kerneltests; then  # the files that test the kernels, the look-back mode's concurrent chunks included
-  timeout ${KTESTS_TIMEOUT:-240} python -m pytest tests/test_launch_modes.py tests/test_algorithms.py tests/test_vtrace_retrace.py \
-    tests/test_traces_prefix.py tests/test_scan.py tests/test_nonfinite.py tests/test_determinism.py \
-    tests/test_autograd.py tests/test_normalize.py tests/test_gae_shifted.py -v -n 14 -p no:cacheprovider ${KTESTS_K:+-k "$KTESTS_K"} \
-    > "$R/pytest_kernels_cuda.log" 2>&1
-  grep -E " (FAILED|ERROR) " "$R/pytest_kernels_cuda.log" | head -20; tail -1 "$R/pytest_kernels_cuda.log"
-fi
+# the files that test the kernels, the look-back mode's concurrent chunks included; kerneltests runs them all (about
+# 2500 tests: more than 265 s at 14 workers on the H200), kerneltests1 and kerneltests2 each about half of them
+KTESTS_1="tests/test_launch_modes.py tests/test_algorithms.py tests/test_scan.py tests/test_autograd.py"
+KTESTS_2="tests/test_vtrace_retrace.py tests/test_traces_prefix.py tests/test_nonfinite.py tests/test_determinism.py
+  tests/test_normalize.py tests/test_gae_shifted.py"
+for step in kerneltests kerneltests1 kerneltests2; do
+  if has $step; then
+    case $step in kerneltests) files="$KTESTS_1 $KTESTS_2" ;; kerneltests1) files=$KTESTS_1 ;; *) files=$KTESTS_2 ;; esac
+    # shellcheck disable=SC2086  # the file lists split into words on purpose
+    timeout ${KTESTS_TIMEOUT:-240} python -m pytest $files -v -n 14 -p no:cacheprovider ${KTESTS_K:+-k "$KTESTS_K"} \
+      > "$R/pytest_${step}_cuda.log" 2>&1
+    grep -E " (FAILED|ERROR) " "$R/pytest_${step}_cuda.log" | head -20; tail -1 "$R/pytest_${step}_cuda.log"
+  fi
+done
 if has lean0; then  # the kernel test files once more with the lean launcher and launch plans switched off
   RL_TRITON_TORCHRL_LEAN_LAUNCH=0 timeout ${LEAN0_TIMEOUT:-200} python -m pytest tests/test_algorithms.py \
     tests/test_vtrace_retrace.py tests/test_traces_prefix.py tests/test_scan.py tests/test_launch_modes.py \
