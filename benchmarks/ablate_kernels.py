@@ -111,18 +111,19 @@ def apply_variant(variant: str) -> None:
 def worker(args) -> None:
     apply_variant(args.worker)
     from _common import copy_bandwidth, device_time_us, kernel_time_us
-    from bench_kernels import ALGOS, _tuple, check, rollout
+    from bench_kernels import ALGOS, _tuple, as_float64, check, rollout
+
+    dtype = getattr(torch, args.dtype)
     if args.once:  # one call per algorithm and shape, nothing timed: a target for a profiler (ncu)
         for shape in args.shapes.split(","):
             B, T = (int(v) for v in shape.split("x"))
-            x = rollout(B, T, getattr(torch, args.dtype), "with")
+            x = rollout(B, T, dtype, "with")
             for algo in args.algorithms.split(","):
                 ALGOS[algo].call(x, "triton")
         torch.cuda.synchronize()
         return
     bw = copy_bandwidth()
     rows = []
-    dtype = getattr(torch, args.dtype)
     for shape in args.shapes.split(","):
         B, T = (int(v) for v in shape.split("x"))
         x = rollout(B, T, dtype, "with")
@@ -131,9 +132,7 @@ def worker(args) -> None:
             fn = lambda: spec.call(x, "triton")  # noqa: E731
             err = None
             if "noscan" not in args.worker and "fake" not in args.worker and B * T <= 1 << 22:
-                x64 = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-                       for k, v in x.items()}
-                refs = _tuple(spec.call(x64, "torch"))  # the float64 torch path
+                refs = _tuple(spec.call(as_float64(x), "torch"))  # the float64 torch path
                 err = check(fn(), refs, dtype)
             us, how = device_time_us(fn, True, 3, 20)
             k_us = kernel_time_us(fn)

@@ -97,6 +97,11 @@ SETTLE_ELEMENTS = 1 << 26
 REVERSE = {"eligibility_traces": False, "episodic_prefix_sum": False}  # scan direction; the others are reverse
 
 
+def as_float64(x: dict) -> dict:
+    """The rollout ``x`` with its float tensors in float64: the inputs of the references (the float64 torch path)."""
+    return {k: (v.double() if v is not None and v.is_floating_point() else v) for k, v in x.items()}
+
+
 def rollout(B, T, dtype, truncation, seed=0):
     """A ``[B, T, 1]`` rollout; ``truncation="without"`` has the same episode ends, all of them terminations, and
     passes no ``terminated`` flag (``x["t"] is None``)."""
@@ -635,7 +640,7 @@ def main(argv=None):
                 break
             dtype = getattr(torch, dtype_name)
             x = rollout(B, T, dtype, truncation)
-            x64 = {k: (v.double() if v is not None and v.is_floating_point() else v) for k, v in x.items()}
+            x64 = as_float64(x)
             for algo in algos:
                 for r in bench_cell(algo, B, T, dtype, truncation, x, x64, bandwidth, args, rows):
                     if "first_call_s" in r:

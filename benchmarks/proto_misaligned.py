@@ -36,14 +36,10 @@ import triton
 import triton.language as tl
 
 from rl_triton_torchrl import kernels as K
+from rl_triton_torchrl.kernels.scan import _affine_combine_finite_a, _pow2
 
 GAMMA = 0.99
 SHAPES = "65536x2047,65536x2048,16384x257,16384x256,16384x513,16384x512,65536x23,65536x24,65536x25,16x2049,16x2048"
-
-
-@triton.jit
-def _combine(a_l, b_l, a_r, b_r):
-    return a_r * a_l, tl.where(a_r == 0, b_r, a_r * b_l + b_r)
 
 
 @triton.jit
@@ -78,7 +74,7 @@ def _rows_kernel(r_ptr, d_ptr, out_ptr, n_rows, gamma, T: tl.constexpr, BLOCK_R:
         d = tl.load(d_ptr + off, mask=m_ld, other=0).to(tl.float32)
         a = tl.where(m, gamma * (1.0 - d), 1.0)
         b = tl.where(m, r, 0.0)
-        A, B = tl.associative_scan((a, b), 1, _combine, reverse=True)
+        A, B = tl.associative_scan((a, b), 1, _affine_combine_finite_a, reverse=True)
         hh = tl.where(A == 0, B, A * h[:, None] + B)
         tl.store(out_ptr + off, hh, mask=m)
         h = tl.sum(tl.where((tl.arange(0, BLOCK_T) == 0)[None, :], hh, 0.0), 1)
@@ -99,14 +95,10 @@ def _flat_kernel(r_ptr, d_ptr, out_ptr, gamma, T: tl.constexpr, R: tl.constexpr,
         # the recurrence cut at each row end (and past the span: its last element is a row end)
         a = tl.where(m & (f % T != T - 1), gamma * (1.0 - d), 0.0)
         b = tl.where(m, r, 0.0)
-        A, B = tl.associative_scan((a, b), 0, _combine, reverse=True)
+        A, B = tl.associative_scan((a, b), 0, _affine_combine_finite_a, reverse=True)
         hh = tl.where(A == 0, B, A * h + B)
         tl.store(out_ptr + base + f, hh, mask=m)
         h = tl.sum(tl.where(tl.arange(0, BLOCK) == 0, hh, 0.0), 0)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def proto(kind: str, r: torch.Tensor, d: torch.Tensor) -> torch.Tensor | None:

@@ -18,7 +18,7 @@ import torch
 import triton
 
 from _common import copy_bandwidth, device_time_us, environment, wall_time_us, write_results
-from bench_kernels import ALGOS, _tuple, check, rollout
+from bench_kernels import ALGOS, _tuple, as_float64, check, rollout
 from rl_triton_torchrl.kernels import scan
 
 
@@ -195,9 +195,7 @@ def main(argv=None):
                 x = rollout(B, T, torch.float32, "with")
                 if preset in TIME_MAJOR:
                     x = {k: time_major(v) for k, v in x.items()}
-                x64 = {k: (v.double() if v is not None and v.is_floating_point() else v) for k, v in x.items()}
-                refs = _tuple(spec.call(x64, "torch"))
-                del x64
+                refs = _tuple(spec.call(as_float64(x), "torch"))
                 limit_us = 1e6 * B * T * spec.bytes_per_element(4, "with") / bw
                 cell = []
                 for cfg in [None] + candidates(T):
