@@ -13,6 +13,8 @@ from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, randn
 from rl_triton_torchrl import kernels as K
 from rl_triton_torchrl.kernels import InputError
 from rl_triton_torchrl.kernels import reference as R
+from rl_triton_torchrl.kernels import scan
+from rl_triton_torchrl.kernels._utils import check_inputs
 from test_algorithms import GAMMA, LMBDA, make_inputs
 
 
@@ -114,6 +116,21 @@ def test_coefficient_tensors(backend):
 def test_chunked_path(backend, shape, time_dim, small_tiles):
     """16-step tiles: the value one step on crosses from one chunk into the next."""
     check(with_last_value(make_inputs(shape, time_dim, "trunc_last"), time_dim), backend, time_dim=time_dim)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("T", [65, 128, 129, 300])
+def test_warp_local_tiles(T, pattern, monkeypatch):
+    """Batch-major rows in 128-step tiles (the few-rows rule off), where V(s_(t+1)) comes from the tile's own values
+    one column on and its last column from the chunk after it: one partial chunk, one whole chunk, one step past
+    it, several chunks; with a carried state and the final state."""
+    monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
+    layout = check_inputs(-2, {"x": torch.empty((3, T, 1), device="meta")}, {})
+    assert scan.launch_config(layout, "_gae_fwd_kernel")["BLOCK_T"] == scan.WARP_LOCAL_T
+    x = with_last_value(make_inputs((3, T, 1), -2, pattern, seed=T), -2)
+    h0 = randn((3, 1), torch.Generator().manual_seed(T), torch.float32)
+    check(x, "triton", initial_state=h0, output_final_state=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
