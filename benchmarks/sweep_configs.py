@@ -127,6 +127,11 @@ PRESETS = {
     "stages": ([(65536, 512), (16384, 2048), (65536, 2048)],
                lambda T: [rows_cfg(128, 4, 4)] + [dict(rows_cfg(128, 4, 4, s), **cap) for s in (2, 3)
                                                   for cap in ({}, {"maxnreg": 64})]),
+    # 16-bit rollouts: 256-step row tiles (8 values per lane, one 16-byte load; reversed in the warp as the 128-step
+    # ones) against 128-step tiles, one and three stages (run with --dtype bfloat16)
+    "wide16": ([(65536, 512), (16384, 2048), (65536, 2048), (4096, 512)],
+               lambda T: [rows_cfg(128, 4, 4), rows_cfg(128, 4, 4, 3), rows_cfg(256, 4, 4), rows_cfg(256, 4, 4, 3),
+                          rows_cfg(256, 2, 2), rows_cfg(256, 2, 2, 3)]),
     # register caps: occupancy against spills
     "regs": ([(16384, 2048), (65536, 2048), (65536, 512)], _regs_candidates),
     # tiles of 128 steps against whole-T tiles
@@ -169,6 +174,7 @@ def main(argv=None):
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--name", default="sweep_configs")
     parser.add_argument("--out", default="h200")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the rollouts' dtype")
     parser.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), tiny shapes: tests the script")
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -184,6 +190,8 @@ def main(argv=None):
     env["command"] = "python benchmarks/sweep_configs.py " + " ".join(sys.argv[1:])
     bw = env["copy_bandwidth_GBps"] * 1e9
     rows, default = [], scan.launch_config
+    dtype = getattr(torch, args.dtype)
+    env["dtype"] = args.dtype
     for preset in args.preset.split(","):
         shapes, candidates = PRESETS[preset]
         for B, T in shapes:
@@ -192,11 +200,11 @@ def main(argv=None):
                     rows.append({"preset": preset, "algorithm": algo, "B": B, "T": T, "status": "not run (budget)"})
                     continue
                 spec = ALGOS[algo]
-                x = rollout(B, T, torch.float32, "with")
+                x = rollout(B, T, dtype, "with")
                 if preset in TIME_MAJOR:
                     x = {k: time_major(v) for k, v in x.items()}
                 refs = _tuple(spec.call(as_float64(x), "torch"))
-                limit_us = 1e6 * B * T * spec.bytes_per_element(4, "with") / bw
+                limit_us = 1e6 * B * T * spec.bytes_per_element(dtype.itemsize, "with") / bw
                 cell = []
                 for cfg in [None] + candidates(T):
                     scan.launch_config = default if cfg is None else _patched(cfg)
@@ -206,7 +214,7 @@ def main(argv=None):
                         if cfg is None:
                             c = default(_layout_of(x["r"]))
                             row["default_config"] = {k: v for k, v in c.items() if k != "grid"}
-                        err = check(spec.call(x, "triton"), refs, torch.float32)
+                        err = check(spec.call(x, "triton"), refs, dtype)
                         if err < 0:
                             row["status"] = f"wrong (err {-err:.1e})"
                         else:

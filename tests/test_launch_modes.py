@@ -101,6 +101,20 @@ def test_narrow_time_tiles(algo, shape, block_t, block_r, monkeypatch):
     _compare(algo, shape, "random", seed=5, with_state=True)
 
 
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_warp_row_tiles_of_256_steps(algo, monkeypatch):
+    """Row tiles of 2 x ``WARP_LOCAL_T`` steps in several rows (reversed in the warp like the 128-step ones: 8 steps per
+    lane, a 16-byte load of 16-bit values), rows of several chunks and a partial last one, with carried states."""
+    default = scan.launch_config
+
+    def wide(layout, kernel_name=None):
+        return {**default(layout, kernel_name), "grid": (scan._cdiv(layout.rows, 2),), "BLOCK_R": 2,
+                "BLOCK_T": 2 * scan.WARP_LOCAL_T, "LOOKBACK": 0, "maxnreg": None}
+
+    monkeypatch.setattr(scan, "launch_config", wide)
+    _compare(algo, (5, 600, 1), "random", seed=13, with_state=True)
+
+
 @pytest.mark.parametrize("T", [1, 3, 24, 32, 33])
 def test_time_major_rule(T, monkeypatch):
     """``TIME_MAJOR_*``: short sequences stored time-major over enough rows take narrow tiles on one warp, for the

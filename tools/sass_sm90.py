@@ -85,6 +85,7 @@ def main(argv=None) -> int:
                              "retrace_discrete)")
     parser.add_argument("--tiles", help="comma-separated ROWSxSTEPS tiles to compile instead of launch_config's "
                                         "(e.g. 512x1,16x32; tiles of rows on 4 warps, no look-back)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the rollouts' dtype")
     parser.add_argument("--dump", help="a folder for each kernel's SASS listing and Triton GPU IR (layouts)")
     args = parser.parse_args(argv)
     driver.set_active(_Sm90Driver())
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     tiles = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")] if args.tiles else [None]
     for shape in args.shapes.split(","):
         B, T = (int(v) for v in shape.split("x"))
-        x = bench_kernels.rollout(B, T, torch.float32, "with")
+        x = bench_kernels.rollout(B, T, getattr(torch, args.dtype), "with")
         if args.time_major:
             x = {k: sweep_configs.time_major(v) for k, v in x.items()}
         for forced, algo in itertools.product(tiles, args.algorithms.split(",")):

@@ -444,7 +444,9 @@ def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexp
     # per element; a tile whose rows each fill one warp is reversed here instead, with a gather that stays in the
     # warp, and scanned forward: a third fewer instructions per element (H200, 65536 x 512: GAE 83% -> 91% of the
     # copy bandwidth, discounted return 50% -> 82%; benchmarks/results/h200/ablate_kernels.md)
-    FLIP: tl.constexpr = REVERSE and b_a.shape[1] == WARP_LOCAL_T
+    # (also 2 * WARP_LOCAL_T-step tiles of several rows: 8 steps per lane, a 16-byte load of 16-bit values)
+    FLIP: tl.constexpr = REVERSE and (b_a.shape[1] == WARP_LOCAL_T
+                                      or (b_a.shape[1] == 2 * WARP_LOCAL_T and b_a.shape[0] > 1))
     SCAN_REVERSE: tl.constexpr = REVERSE and not FLIP  # the columns' order after the flip, if any
     if FLIP:
         b_a = _reverse_columns(b_a)
