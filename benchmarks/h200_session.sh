@@ -69,8 +69,9 @@ fi
 cd benchmarks
 if has sweep; then  # launch configurations per shape (feeds scan.launch_config)
   timeout ${SWEEP_TIMEOUT:-330} python sweep_configs.py --preset ${SWEEP_PRESETS:-long,large,short} \
-    --budget-s ${SWEEP_BUDGET:-280} --out "$R/h200" > "$R/sweep_configs.log" 2>&1
-  tail -30 "$R/h200/sweep_configs.md"
+    --budget-s ${SWEEP_BUDGET:-280} --algorithms ${SWEEP_ALGORITHMS:-gae,vtrace,discounted_return} \
+    --name ${SWEEP_NAME:-sweep_configs} ${SWEEP_ARGS:-} --out "$R/h200" > "$R/${SWEEP_NAME:-sweep_configs}.log" 2>&1
+  tail -30 "$R/h200/${SWEEP_NAME:-sweep_configs}.md"
 fi
 if has sweep_stages; then  # software-pipelined chunk loops (NUM_STAGES) on the large rollouts' row tiles
   timeout ${SWEEP_ST_TIMEOUT:-240} python sweep_configs.py --preset stages \
