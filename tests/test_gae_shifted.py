@@ -122,9 +122,9 @@ def test_chunked_path(backend, shape, time_dim, small_tiles):
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("T", [65, 128, 129, 300])
 def test_warp_local_tiles(T, pattern, monkeypatch):
-    """Batch-major rows in 128-step tiles (the few-rows rule off), where V(s_(t+1)) comes from the tile's own values
-    one column on and its last column from the chunk after it: one partial chunk, one whole chunk, one step past
-    it, several chunks; with a carried state and the final state."""
+    """Batch-major rows in 128-step tiles (the few-rows rule off): rows of one chunk (partial, whole) read V(s_(t+1))
+    one step on; rows of several chunks (one step past one, several) take it from the tile's own values one column
+    on and its last column from the chunk after it; with a carried state and the final state."""
     monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
     layout = check_inputs(-2, {"x": torch.empty((3, T, 1), device="meta")}, {})
     assert scan.launch_config(layout, "_gae_fwd_kernel")["BLOCK_T"] == scan.WARP_LOCAL_T

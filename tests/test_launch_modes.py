@@ -41,19 +41,20 @@ def tiny_chunks(monkeypatch, request):
     yield window
 
 
-def _compare(algo, shape, pattern, seed, with_state):
+def _compare(algo, shape, pattern, seed, with_state, dtype=torch.float32):
+    """The Triton path against the reference on one rollout whose floating tensors (and carried state) are ``dtype``."""
     call, ref, coefs = TABLE[algo]
-    x = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v)
+    x = {k: (v.to(DEVICE, dtype if v.is_floating_point() else v.dtype) if isinstance(v, torch.Tensor) else v)
          for k, v in make_rollout(shape, -2, pattern, seed=seed).items()}
     kw = dict(coefs)
     if with_state:
-        kw["initial_state"] = torch.randn(state_shape(x, -2)).to(DEVICE)
+        kw["initial_state"] = torch.randn(state_shape(x, -2)).to(DEVICE, dtype)
     out = as_tuple(call(x, backend="triton", output_final_state=with_state, **kw))
     expected, h_expected = ref(x, **kw)
     expected = as_tuple(expected) + ((h_expected,) if with_state else ())
     assert len(out) == len(expected), algo
     for i, (o, e) in enumerate(zip(out, expected)):
-        assert_close(f"{algo}[{i}]", o, e, torch.float32)
+        assert_close(f"{algo}[{i}]", o, e, dtype)
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["no-state", "state"])
@@ -113,6 +114,34 @@ def test_warp_row_tiles_of_256_steps(algo, monkeypatch):
 
     monkeypatch.setattr(scan, "launch_config", wide)
     _compare(algo, (5, 600, 1), "random", seed=13, with_state=True)
+
+
+def test_tile256_rule():
+    """``TILE256_*``: many batch-major 16-bit rows of at least ``TILE256_MIN_T`` steps take 2 x 256 tiles on 2 warps,
+    with the kernel's stages and no register cap, for the kernels in ``TILE256_STAGES`` only; float32 and float64,
+    shorter or fewer rows and time-major storage keep the other rules."""
+    taken = ((16384, 512, 1), (8192, 256, 1), (65536, 3000, 1))
+    for kernel in sorted(scan.KERNELS):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+            for shape in taken + ((8192, 255, 1), (8191, 512, 1), (1, 512, 16384), (4, 2**16, 1)):
+                cfg = scan.launch_config(_layout(shape, dtype), kernel)
+                wide = (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"]) == (2, 256, 2)
+                expected = kernel in scan.TILE256_STAGES and dtype.itemsize == 2 and shape in taken
+                assert wide == expected, (kernel, dtype, shape, cfg)
+                if wide:
+                    assert cfg["NUM_STAGES"] == scan.TILE256_STAGES[kernel] and "maxnreg" not in cfg
+                    assert cfg["grid"] == (shape[0] // 2,) and cfg["LOOKBACK"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_tile256_rule_matches_reference(algo, dtype, monkeypatch):
+    """The 16-bit rule's tiles (its row floor lowered so that 5 rows take them, the few-rows rule off): rows of
+    several chunks and a partial last one, with carried states, against the references."""
+    monkeypatch.setattr(scan, "TILE256_MIN_ROWS", 1)
+    monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
+    assert scan.launch_config(_layout((5, 600, 1), dtype), "_gae_fwd_kernel")["BLOCK_T"] == scan.TILE256_T
+    _compare(algo, (5, 600, 1), "random", seed=17, with_state=True, dtype=dtype)
 
 
 @pytest.mark.parametrize("T", [1, 3, 24, 32, 33])

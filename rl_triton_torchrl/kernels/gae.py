@@ -56,12 +56,14 @@ def _gae_fwd_kernel(
     # SHIFTED: V' is v one step on, and nv holds the last value [*B, *F] (time stride 0), read at t = T - 1 only
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
-    # SHIFT_IN_TILE (batch-major rows, whose next step is the next element) in row tiles of WARP_LOCAL_T steps (a
-    # row per warp): V' from the tile's own v one column on (a gather within the warp), its last column from the chunk
-    # after it in time (visited just before: the scan runs backwards), instead of a second load one element off the
-    # first's alignment (sm_90 SASS at 65536 x 2048: 528 -> 424 instructions, 15 -> 14 shared-memory loads). Elsewhere
-    # the second load: time-major rows (a whole row of steps on: aligned), look-back chunks, and the other tiles,
-    # whose rows span several warps or share one (the gather went through shared memory: 16384 x 64 344 -> 504).
+    # SHIFT_IN_TILE (batch-major rows of several chunks, whose next step is the next element) in row tiles of
+    # WARP_LOCAL_T steps (a row per warp): V' from the tile's own v one column on (a gather within the warp), its last
+    # column from the chunk after it in time (visited just before: the scan runs backwards), instead of a second load
+    # one element off the first's alignment (sm_90 SASS at 65536 x 2048: 528 -> 424 instructions; H200, 4096 x 512:
+    # 10.0 -> 7.9 µs). Elsewhere the second load: rows of one chunk (H200, the gather 9-14% slower at 4096-65536 x
+    # 128: its v is in L1 already), time-major rows (a whole row of steps on: aligned), look-back chunks, and the
+    # other tiles, whose rows span several warps or share one (the gather went through shared memory: 16384 x 64
+    # 344 -> 504 instructions).
     IN_TILE: tl.constexpr = SHIFT_IN_TILE and (not LOOKBACK) and BLOCK_T == WARP_LOCAL_T
     b_v_after = tl.zeros([BLOCK_R], dtype=ACC)  # [BLOCK_R] v at the first step of the chunk after this one
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
@@ -206,6 +208,6 @@ def gae(
             coefs={"gamma": gamma, "lmbda": lmbda},
             outputs={"adv": adv, "vt": vt},
             initial_state=initial_state, output_final_state=output_final_state, finite_a=True, SHIFTED=shifted,
-            SHIFT_IN_TILE=shifted and layout.inner == 1,
+            SHIFT_IN_TILE=shifted and layout.inner == 1 and layout.T > WARP_LOCAL_T.value,
         )
     return (adv, vt, ht) if output_final_state else (adv, vt)
