@@ -117,30 +117,33 @@ def test_warp_row_tiles_of_256_steps(algo, monkeypatch):
 
 
 def test_tile256_rule():
-    """``TILE256_*``: many batch-major 16-bit rows of at least ``TILE256_MIN_T`` steps take 2 x 256 tiles on 2 warps,
-    with the kernel's stages and no register cap, for the kernels in ``TILE256_STAGES`` only; float32 and float64,
-    shorter or fewer rows and time-major storage keep the other rules."""
+    """``TILE256_*``: many batch-major rows of at least ``TILE256_MIN_T`` steps take 2 x 256 tiles on 2 warps, with the
+    kernel's stages and no register cap, for the kernels ``TILE256_STAGES`` names for the element size only (16-bit:
+    five kernels, float32: the TD(lambda) kernel, float64: none); shorter or fewer rows and time-major storage keep
+    the other rules."""
     taken = ((16384, 512, 1), (8192, 256, 1), (65536, 3000, 1))
+    assert len(scan.TILE256_STAGES[2]) == 5 and list(scan.TILE256_STAGES[4]) == ["_td_lambda_fwd_kernel"]
     for kernel in sorted(scan.KERNELS):
         for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
             for shape in taken + ((8192, 255, 1), (8191, 512, 1), (1, 512, 16384), (4, 2**16, 1)):
                 cfg = scan.launch_config(_layout(shape, dtype), kernel)
                 wide = (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"]) == (2, 256, 2)
-                expected = kernel in scan.TILE256_STAGES and dtype.itemsize == 2 and shape in taken
-                assert wide == expected, (kernel, dtype, shape, cfg)
+                stages = scan.TILE256_STAGES.get(dtype.itemsize, {})
+                assert wide == (kernel in stages and shape in taken), (kernel, dtype, shape, cfg)
                 if wide:
-                    assert cfg["NUM_STAGES"] == scan.TILE256_STAGES[kernel] and "maxnreg" not in cfg
+                    assert cfg["NUM_STAGES"] == stages[kernel] and "maxnreg" not in cfg
                     assert cfg["grid"] == (shape[0] // 2,) and cfg["LOOKBACK"] == 0
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("algo", list(TABLE))
 def test_tile256_rule_matches_reference(algo, dtype, monkeypatch):
-    """The 16-bit rule's tiles (its row floor lowered so that 5 rows take them, the few-rows rule off): rows of
-    several chunks and a partial last one, with carried states, against the references."""
+    """The rule's tiles (its row floor lowered so that 5 rows take them, the few-rows rule off; in float32 the
+    TD(lambda) kernel's algorithms): rows of several chunks and a partial last one, with carried states, against the
+    references."""
     monkeypatch.setattr(scan, "TILE256_MIN_ROWS", 1)
     monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
-    assert scan.launch_config(_layout((5, 600, 1), dtype), "_gae_fwd_kernel")["BLOCK_T"] == scan.TILE256_T
+    assert scan.launch_config(_layout((5, 600, 1), dtype), "_td_lambda_fwd_kernel")["BLOCK_T"] == scan.TILE256_T
     _compare(algo, (5, 600, 1), "random", seed=17, with_state=True, dtype=dtype)
 
 

@@ -91,19 +91,25 @@ PIPELINE_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel", "_td_lamb
 # 16384 x 2048, 65536 x 512 and 65536 x 2048; V-trace at 64 (76) 10-17% faster. The TD(lambda) kernel uses 32 and was
 # slower capped at 40-64. Replace the dict to change it (as LOOKBACK_SEGMENTED).
 REGISTER_CAPS = {"_gae_fwd_kernel": 40, "_vtrace_fwd_kernel": 64}
-# Batch-major 16-bit rows (the element sizes in TILE256_ITEMSIZES) of at least TILE256_MIN_T steps in at least
-# TILE256_MIN_ROWS rows, for the kernels in TILE256_STAGES: row tiles of TILE256_BLOCK_R rows x TILE256_T (2 x
-# WARP_LOCAL_T) steps on TILE256_BLOCK_R warps (one warp per row, 8 steps per lane: one 16-byte load; reversed in the
-# warp as the 128-step tiles are), the chunk loop over the kernel's stages. H200, bfloat16 (sweep_wide16.md, every
-# configuration checked against the float64 torch path), against 4 x 128 tiles on 4 warps at 65536 x 512 / 16384 x
-# 2048 / 65536 x 2048, % of the copy bandwidth: GAE 89 / 87 / 86 -> 93 / 89 / 96, V-trace 83 / 85 / 85 -> 87 / 90 /
-# 97, TD(lambda) 73 / 75 / 81 -> 86 / 85 / 98, Retrace 75 / 72 / 74 -> 83 / 85 / 95, the discounted return 61 / 62 /
-# 70 -> 76 / 79 / 91, traces (one stage: three measured 61 / 64 / 75) 61 / 59 / 64 -> 76 / 74 / 87. At 4096 x 512
-# Retrace measured 41 -> 37% (the others 0-5 points faster), hence the rows' floor.
-TILE256_ITEMSIZES = frozenset({2})
+# Batch-major rows of at least TILE256_MIN_T steps in at least TILE256_MIN_ROWS rows, for the kernels of
+# TILE256_STAGES[element size]: row tiles of TILE256_BLOCK_R rows x TILE256_T (2 x WARP_LOCAL_T) steps on
+# TILE256_BLOCK_R warps (one warp per row, 8 steps per lane: one 16-byte load of 16-bit values, two of float32;
+# reversed in the warp as the 128-step tiles are), the chunk loop over the kernel's stages. H200 (sweep_wide16.md,
+# sweep_wide32.md: every configuration checked against the float64 torch path), against 4 x 128 tiles on 4 warps at
+# 65536 x 512 / 16384 x 2048 / 65536 x 2048, % of the copy bandwidth. bfloat16: GAE 89 / 87 / 86 -> 93 / 89 / 96,
+# V-trace 83 / 85 / 85 -> 87 / 90 / 97, TD(lambda) 73 / 75 / 81 -> 86 / 85 / 98, Retrace 75 / 72 / 74 -> 83 / 85 / 95,
+# the discounted return 61 / 62 / 70 -> 76 / 79 / 91, traces (one stage; three measured 61 / 64 / 75) 61 / 59 / 64 ->
+# 76 / 74 / 87. float32, against the pipelined 128-step tiles: the TD(lambda) kernel's discounted return 88 / 83 / 93
+# -> 91 / 87 / 96, TD(lambda) 95 / 91 / 98 -> 96 / 94 / 101; V-trace lost at 65536 x 512 (99 -> 80), Retrace
+# everywhere (96 -> 63) and the traces were level, so they keep the 128-step tiles in float32 (GAE, 3 points faster,
+# too: its shifted mode takes V' from 128-step tiles in place). At 4096 x 512 bfloat16 Retrace measured 41 -> 37%
+# (the others 0-5 points faster), hence the rows' floor.
 TILE256_T, TILE256_MIN_T, TILE256_MIN_ROWS, TILE256_BLOCK_R = 256, 256, 8192, 2
-TILE256_STAGES = {"_gae_fwd_kernel": 3, "_vtrace_fwd_kernel": 3, "_td_lambda_fwd_kernel": 3,
-                  "_retrace_fwd_kernel": 3, "_prefix_sum_fwd_kernel": 1}
+TILE256_STAGES = {
+    2: {"_gae_fwd_kernel": 3, "_vtrace_fwd_kernel": 3, "_td_lambda_fwd_kernel": 3, "_retrace_fwd_kernel": 3,
+        "_prefix_sum_fwd_kernel": 1},
+    4: {"_td_lambda_fwd_kernel": 3},
+}
 # Sequences of 5-8 steps: whole 8-step tiles in 16 rows on 4 warps (many small programs). H200
 # (sweep_few_rows_odd_t.md), 65536 x 8: GAE 12.9 -> 9.7 µs, V-trace 13.4 -> 11.3 µs against 4-step tiles in 256 rows on
 # 8 warps (the former rule); 4096 x 8: GAE 10.7 -> 5.9 µs.
@@ -575,8 +581,8 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     rounding may differ in the last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the
     per-row kernels run. ``WARP_LOCAL_T``-step row tiles with float32 accumulation pipeline the chunk loop of a kernel
     in ``PIPELINE_KERNELS`` over ``PIPELINE_STAGES`` stages where a row has several chunks, and otherwise give a
-    kernel in ``REGISTER_CAPS`` its cap (``maxnreg``). Many 16-bit rows of at least ``TILE256_MIN_T`` steps run in
-    ``TILE256_T``-step row tiles, for the kernels in ``TILE256_STAGES``.
+    kernel in ``REGISTER_CAPS`` its cap (``maxnreg``). Many rows of at least ``TILE256_MIN_T`` steps run in
+    ``TILE256_T``-step row tiles, for the kernels ``TILE256_STAGES`` names for the inputs' element size.
     """
     if (layout.acc_dtype == torch.float32 and layout.T >= LOOKBACK_MIN_T and layout.rows <= LOOKBACK_MAX_ROWS
             and LOOKBACK_WINDOW and not torch.are_deterministic_algorithms_enabled()):
@@ -595,10 +601,10 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
         block_t = min(_pow2(layout.T), WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T))
         block_r, num_warps = 1, (WIDE_WARPS if layout.rows <= WIDE_FEW_WARPS_ROWS else 4)
-    elif (kernel_name in TILE256_STAGES and layout.dtype.itemsize in TILE256_ITEMSIZES and layout.inner == 1
+    elif (kernel_name in TILE256_STAGES.get(layout.dtype.itemsize, ()) and layout.inner == 1
           and layout.T >= TILE256_MIN_T and layout.rows >= TILE256_MIN_ROWS):
         block_r, block_t, num_warps = TILE256_BLOCK_R, TILE256_T, TILE256_BLOCK_R
-        stages = TILE256_STAGES[kernel_name]
+        stages = TILE256_STAGES[layout.dtype.itemsize][kernel_name]
     cfg = {
         "grid": (_cdiv(layout.rows, block_r),),
         "BLOCK_R": block_r,
@@ -859,8 +865,8 @@ _VIEW_FACTS = operator.attrgetter("shape", "dtype", "device")
 _CONFIG_NAMES = frozenset({
     "launch_config", "MAX_BLOCK_T", "TILE_ELEMENTS", "LOOKBACK_MIN_T", "LOOKBACK_MAX_ROWS", "LOOKBACK_BLOCK_T",
     "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
-    "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_ITEMSIZES", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS",
-    "TILE256_BLOCK_R", "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
+    "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
+    "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
     "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
     "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS"})
