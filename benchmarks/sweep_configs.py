@@ -148,6 +148,14 @@ PRESETS = {
                  lambda T: [rows_cfg(128, 4, 4), lookback_cfg(2048, 4)] + [
                      lookback_cfg(bt, w, segments=bt // 128) for bt, w in (
                          (2048, 4), (2048, 8), (512, 4), (1024, 2), (1024, 4), (4096, 4), (4096, 8), (8192, 8))]),
+    # look-back chunks with their registers capped (ncu at 16 x 2^20, ncu_tile256_summary.md: 84-142 registers per
+    # thread, 18-29% achieved occupancy, DRAM 17-35%): one 2048-step row and 16 or 32 segments of 128 steps, on 4 or
+    # 8 warps, uncapped and at 64 / 96 registers
+    "long_regs": ([(16, 1 << 20), (16, 1 << 16)],
+                  lambda T: [dict(c, **cap) for c in (lookback_cfg(2048, 4), lookback_cfg(4096, 4, segments=32),
+                                                      lookback_cfg(2048, 4, segments=16),
+                                                      lookback_cfg(4096, 8, segments=32))
+                             for cap in ({}, {"maxnreg": 64}, {"maxnreg": 96})]),
     # long sequences in few rows: look-back chunk sizes and warps against the per-row kernel
     "long": ([(16, 1 << 20), (1, 1 << 20), (16, 1 << 16), (256, 1 << 16), (1024, 8192)],
              lambda T: [rows_cfg(1024, 1, 4)] + [lookback_cfg(bt, w) for bt, w in (
