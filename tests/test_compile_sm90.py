@@ -37,3 +37,18 @@ def test_sass_counts_of_a_kernel():
     assert one["tile"] == several["tile"] == "4x128" and int(one["total"]) > 0, proc.stdout
     assert one["STS"] == "0" and one["LDS"] == "0" and one["BAR"] == "0", proc.stdout
     assert several["STS"] == "0" and several["LDG"] == "0", proc.stdout
+
+
+def test_sass_of_a_16bit_row_tile_of_256_steps():
+    """Many bfloat16 rows of several chunks take 2 x 256 row tiles (``scan.TILE256_*``: 8 values per lane, one
+    16-byte load), pipelined (asynchronous copies, no plain global load), and their reversal in the warp writes
+    nothing to shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tool = TOOL.parent / "sass_sm90.py"
+    proc = subprocess.run([sys.executable, str(tool), "--shapes", "16384x512", "--algorithms", "gae",
+                           "--dtype", "bfloat16"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (counts,) = (dict(re.findall(r"(tile|warps|STS|LDG)\s+(\S+)", ln))
+                 for ln in proc.stdout.splitlines() if "_gae_fwd_kernel" in ln)
+    assert counts["tile"] == "2x256" and counts["warps"] == "2", proc.stdout
+    assert counts["STS"] == "0" and counts["LDG"] == "0", proc.stdout
