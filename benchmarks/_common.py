@@ -18,9 +18,14 @@ def environment() -> dict:
     """What the numbers were measured on ("triton": None where it is not installed: the torch path only)."""
     from rl_triton_torchrl.kernels._triton import HAS_TRITON, triton
 
+    here = Path(__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
+                                cwd=here).stdout.strip()
+        # tracked files that differ from that commit (a stale checkout's metadata under another tree, or local
+        # edits): the commit alone would name code that did not run
+        if commit and subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=here).returncode == 1:
+            commit += "-dirty"
     except OSError:
         commit = ""
     env = {

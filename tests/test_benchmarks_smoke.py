@@ -348,3 +348,24 @@ def test_first_call_host_smoke(tmp_path):
     assert [r["prewarm"] for r in data["rows"]] == [False, True]
     assert all(r["first_call_ms"] > 0 for r in data["rows"])
     assert data["environment"]["triton_key_ms (profiled, no prewarm)"] > 0
+
+
+@pytest.mark.parametrize("differs", [False, True], ids=["clean", "changed"])
+def test_environment_marks_a_tree_that_differs_from_its_commit(differs, monkeypatch):
+    """``environment()["commit"]``: git's HEAD, with ``-dirty`` where tracked files differ from it (a GPU machine's copy
+    of the tree under stale git metadata named code that did not run); ``BENCH_COMMIT`` overrides both."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _common
+    finally:
+        sys.path.remove(str(BENCH))
+
+    def run(cmd, **kwargs):
+        out = "abc1234\n" if cmd[1] == "rev-parse" else ""
+        return subprocess.CompletedProcess(cmd, int(differs and cmd[1] == "diff"), stdout=out, stderr="")
+
+    monkeypatch.setattr(_common.subprocess, "run", run)
+    monkeypatch.delenv("BENCH_COMMIT", raising=False)
+    assert _common.environment()["commit"] == ("abc1234-dirty" if differs else "abc1234")
+    monkeypatch.setenv("BENCH_COMMIT", "fedcba9")
+    assert _common.environment()["commit"] == "fedcba9"
