@@ -163,6 +163,15 @@ PRESETS = {
 }
 
 
+def _noting(launch_config, seen: list):
+    """``launch_config`` itself, noting the configuration of every launch in ``seen``."""
+    def noted(layout, kernel_name=None):
+        cfg = launch_config(layout, kernel_name)
+        seen.append(cfg)
+        return cfg
+    return noted
+
+
 def _patched(cfg):
     def launch_config(layout, kernel_name=None):  # every kernel alike: no register cap unless cfg names one
         c = {k: v for k, v in cfg.items() if k != "mode"}
@@ -215,14 +224,15 @@ def main(argv=None):
                 limit_us = 1e6 * B * T * spec.bytes_per_element(dtype.itemsize, "with") / bw
                 cell = []
                 for cfg in [None] + candidates(T):
-                    scan.launch_config = default if cfg is None else _patched(cfg)
+                    seen = []  # the default's configuration of each launch (the kernel's own, by its name)
+                    scan.launch_config = _noting(default, seen) if cfg is None else _patched(cfg)
                     row = {"preset": preset, "algorithm": algo, "B": B, "T": T, "limit_us": limit_us,
                            "config": "default" if cfg is None else cfg}
                     try:
-                        if cfg is None:
-                            c = default(_layout_of(x["r"]))
-                            row["default_config"] = {k: v for k, v in c.items() if k != "grid"}
                         err = check(spec.call(x, "triton"), refs, dtype)
+                        if cfg is None:
+                            c = seen[0] if seen else default(_layout_of(x["r"]))
+                            row["default_config"] = {k: v for k, v in c.items() if k != "grid"}
                         if err < 0:
                             row["status"] = f"wrong (err {-err:.1e})"
                         else:
