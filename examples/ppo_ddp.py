@@ -107,6 +107,14 @@ def save_checkpoint(path, **state):
     os.replace(path + ".tmp", path)
 
 
+def _leave(dist) -> None:
+    """Every rank reaches the end before the process group goes: a rank that tears its connections down while
+    another still talks to it can abort that one (seen once on a loaded 2-core CI machine with gloo: "terminate
+    called without an active exception")."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(argv=None):
     """Trains on this rank; ``argv``: the flags as a list of strings (None: the command line), or as parsed by
     ``ppo_args``."""
@@ -173,7 +181,7 @@ def main(argv=None):
     if iterations == 0:
         if rank == 0:
             print(f"nothing to do: {frames} frames done, --total-frames {args.total_frames}")
-        dist.destroy_process_group()
+        _leave(dist)
         return None
     collector = Collector(env, actor, frames_per_batch=frames_per_batch, total_frames=iterations * frames_per_batch,
                           device=device, env_device="cpu", auto_register_policy_transforms=False)
@@ -288,7 +296,7 @@ def main(argv=None):
         print("  " + single.time_shares(rows))
         print(f"  wrote {csv_path}, curves.png and summary.json in {args.out}"
               + (f"; checkpoint {args.checkpoint}" if args.checkpoint else ""))
-    dist.destroy_process_group()
+    _leave(dist)
     return rows
 
 

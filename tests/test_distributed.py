@@ -140,7 +140,9 @@ def torchrun(tmp_path, *args, nproc=2):
            "--num-envs", "4", "--rollout-len", "8", "--epochs", "2", "--minibatch-size", "16", "--no-progress",
            "--cross-check", "--out", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ckpt.pt"), *args]
     result = subprocess.run(cmd, env=env_with_repo(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{' '.join(cmd)} exited {result.returncode}:\n{result.stderr[-4000:]}"
+    # the head of stderr as well: a rank's own error comes before torchrun's long report of it
+    assert result.returncode == 0, (f"{' '.join(cmd)} exited {result.returncode}:\n{result.stderr[:3000]}\n...\n"
+                                    f"{result.stderr[-3000:]}")
     with open(tmp_path / "out" / "progress.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
