@@ -102,7 +102,9 @@ if has ncu; then  # hardware counters of every kernel at NCU_SHAPE, float32 then
       --section MemoryWorkloadAnalysis -k regex:_fwd_kernel python ablate_kernels.py --worker base --once \
       --dtype $dt --shapes ${NCU_SHAPE:-65536x512} --algorithms ${NCU_ALGORITHMS:-gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum} \
       > "$R/h200/ncu_$dt.txt" 2>&1
-    grep -E "^  _|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Achieved Occupancy" "$R/h200/ncu_$dt.txt" | head -80
+    python ../tools/ncu_summary.py "$R/h200/ncu_$dt.txt" --shapes ${NCU_SHAPE:-65536x512} \
+      --algorithms ${NCU_ALGORITHMS:-gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum} \
+      | tee "$R/h200/ncu_${dt}_summary.md"
   done
 fi
 if has kernels; then

@@ -369,3 +369,16 @@ def test_environment_marks_a_tree_that_differs_from_its_commit(differs, monkeypa
     assert _common.environment()["commit"] == ("abc1234-dirty" if differs else "abc1234")
     monkeypatch.setenv("BENCH_COMMIT", "fedcba9")
     assert _common.environment()["commit"] == "fedcba9"
+
+
+def test_ncu_summary_reads_a_committed_report():
+    """``tools/ncu_summary.py`` on a committed ncu report: one row per profiled kernel, labelled shapes x algorithms
+    in the order the profiled script ran them, every metric read."""
+    report = BENCH / "results" / "h200" / "ncu_float32.txt"
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "ncu_summary.py"), str(report), "--shapes",
+                             "65536x512", "--algorithms", "gae,td_lambda,vtrace,retrace,discounted_return,"
+                             "eligibility_traces,episodic_prefix_sum"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = [ln.split(" | ") for ln in result.stdout.splitlines()[2:]]
+    assert [r[0].lstrip("| ") for r in rows][:2] == ["gae 65536x512", "td_lambda 65536x512"] and len(rows) == 7
+    assert rows[0][1] == "_gae_fwd_kernel" and "-" not in rows[0][3:9], rows[0]

@@ -2,6 +2,7 @@
 
     python tools/ncu_summary.py benchmarks/results/h200/ncu_tile256_float32.txt \
         --labels "discounted_return 16384x2048,eligibility_traces 16384x2048,..." > summary.md
+    python tools/ncu_summary.py ncu_float32.txt --shapes 65536x512 --algorithms gae,td_lambda   # the same labels
 
 Per kernel: grid and block, duration, DRAM throughput (% of peak), issue slots busy, registers per thread,
 theoretical and achieved occupancy, warp cycles per issued instruction, and the share of those cycles stalled on an
@@ -51,10 +52,15 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("report")
     parser.add_argument("--labels", help="comma-separated, one per profiled kernel")
+    parser.add_argument("--shapes", help="with --algorithms, instead of --labels: the profiled script's BxT shapes "
+                        "(outer loop) and algorithms (inner loop), as ablate_kernels.py --once takes them")
+    parser.add_argument("--algorithms")
     args = parser.parse_args(argv)
     with open(args.report) as f:
         kernels = parse(f.read())
     labels = args.labels.split(",") if args.labels else []
+    if args.shapes and args.algorithms:
+        labels = [f"{a} {s}" for s in args.shapes.split(",") for a in args.algorithms.split(",")]
     if labels and len(labels) != len(kernels):
         sys.exit(f"{len(labels)} labels for {len(kernels)} profiled kernels")
     cols = ["kernel", "grid x block", *METRICS, "L1TEX stall %"]
