@@ -96,14 +96,14 @@ if has proto_misaligned; then  # misaligned rows (T no multiple of 4): three pro
   tail -14 "$R/h200/proto_misaligned.md"
 fi
 if has ncu; then  # hardware counters of every kernel at NCU_SHAPE, float32 then bfloat16 (what bounds each)
+  ncu_shapes=${NCU_SHAPE:-65536x512}
+  ncu_algos=${NCU_ALGORITHMS:-gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum}
   for dt in float32 bfloat16; do
     timeout ${NCU_TIMEOUT:-120} ncu --clock-control none --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis -k regex:_fwd_kernel python ablate_kernels.py --worker base --once \
-      --dtype $dt --shapes ${NCU_SHAPE:-65536x512} --algorithms ${NCU_ALGORITHMS:-gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum} \
-      > "$R/h200/ncu_$dt.txt" 2>&1
-    python ../tools/ncu_summary.py "$R/h200/ncu_$dt.txt" --shapes ${NCU_SHAPE:-65536x512} \
-      --algorithms ${NCU_ALGORITHMS:-gae,td_lambda,vtrace,retrace,discounted_return,eligibility_traces,episodic_prefix_sum} \
+      --dtype $dt --shapes $ncu_shapes --algorithms $ncu_algos > "$R/h200/ncu_$dt.txt" 2>&1
+    python ../tools/ncu_summary.py "$R/h200/ncu_$dt.txt" --shapes $ncu_shapes --algorithms $ncu_algos \
       | tee "$R/h200/ncu_${dt}_summary.md"
   done
 fi

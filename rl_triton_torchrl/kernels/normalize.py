@@ -8,8 +8,8 @@ r"""Standardisation of a whole tensor in place, the way PPO implementations norm
 (rsl_rl's ``(A - A.mean()) / (A.std() + 1e-8)``). Two launches and no host sync: the first reduces each chunk of the
 flattened tensor to its mean (relative to the first element of the tensor) and its sum of squared deviations
 (shifted by the chunk's first element, so that neither cancels when the mean is far from zero), the second combines
-every chunk's moments (Chan, Golub and LeVeque's pairwise update) and rewrites its chunk. On CUDA, torch's ``std_mean`` plus three elementwise kernels is a single-block reduction at rollout sizes
-such as 4096 x 24.
+every chunk's moments (Chan, Golub and LeVeque's pairwise update) and rewrites its chunk. On CUDA, torch's
+``std_mean`` plus three elementwise kernels is a single-block reduction at rollout sizes such as 4096 x 24.
 """
 from __future__ import annotations
 
