@@ -18,6 +18,11 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   reverse scan that needs no reversal of its data, an upper bound on what removing Triton's can give.
 - ``pipe1``, ``pipe2``, ``pipe3``: the chunk loops of every kernel's 128-step row tiles over 1, 2 or 3 stages
   (``scan.PIPELINE_KERNELS``, ``PIPELINE_STAGES``; main pipelines some kernels over 3).
+- ``nochain``: look-back chunks that do not look back: each enters with the row's initial state (wrong numbers on
+  purpose, not checked; no status word written or read). The difference to ``base`` is what the look-back costs.
+- ``win64``, ``win128``: look-back windows of 64 or 128 predecessors (``scan.LOOKBACK_WINDOW``, 32 on main).
+- ``rowmajor``: look-back tickets handing out a row's chunks one after another (``scan.ticket_chunk`` gives them to
+  the rows in turn, so that fewer chunks of one row are in flight at once and a look-back walks fewer windows).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -69,6 +74,16 @@ def _store_tile_stream(base, b_x, o_o, o_i, o_t, T, inner, m):
     tl.store(p, b_x.to(base.dtype.element_ty), mask=m, cache_modifier=".cs")
 
 
+@triton.jit
+def _chain_state_none(lb_ptr, row, i_c, n_chunks, b_A, b_B, b_h0, LOOKBACK_WINDOW: tl.constexpr, SPARSE: tl.constexpr):
+    return b_h0
+
+
+@triton.jit
+def _ticket_chunk_rowmajor(ticket, n_rows, n_chunks):
+    return ticket // n_chunks, ticket % n_chunks
+
+
 # the core's own scan_tile_enter, kept before any variant replaces it in the scan module
 _SCAN_TILE_ENTER = _scan.scan_tile_enter
 
@@ -88,6 +103,10 @@ PATCHES = {
     "i32": {"INT32_KERNELS": _scan.KERNELS},
     "i64": {"INT32_KERNELS": frozenset()},
     "stream": {"load_tile": _load_tile_stream, "store_tile": _store_tile_stream},
+    "nochain": {"chain_state": _chain_state_none},
+    "win64": {"LOOKBACK_WINDOW": 64},
+    "win128": {"LOOKBACK_WINDOW": 128},
+    "rowmajor": {"ticket_chunk": _ticket_chunk_rowmajor},
     "pipe1": {"PIPELINE_KERNELS": frozenset()},
     "pipe2": {"PIPELINE_KERNELS": _scan.KERNELS, "PIPELINE_STAGES": 2},
     "pipe3": {"PIPELINE_KERNELS": _scan.KERNELS, "PIPELINE_STAGES": 3},
@@ -131,16 +150,20 @@ def worker(args) -> None:
             spec = ALGOS[algo]
             fn = lambda: spec.call(x, "triton")  # noqa: E731
             err = None
-            if "noscan" not in args.worker and "fake" not in args.worker and B * T <= 1 << 22:
+            if not any(v in args.worker for v in ("noscan", "fake", "nochain")) and B * T <= 1 << 22:
                 refs = _tuple(spec.call(as_float64(x), "torch"))  # the float64 torch path
                 err = check(fn(), refs, dtype)
             us, how = device_time_us(fn, True, 3, 20)
             k_us = kernel_time_us(fn)
             nbytes = B * T * spec.bytes_per_element(dtype.itemsize, "with")
+            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+            copy_us, _ = device_time_us(lambda: dst.copy_(src), True, 3, 20)  # moves the cell's bytes: the floor
+            del src, dst
             rows.append({"variant": args.worker, "algorithm": algo, "B": B, "T": T, "dtype": args.dtype,
                          "device_us": us, "kernel_us": k_us, "bytes": nbytes, "bw_frac": nbytes / (us * 1e-6) / bw,
                          "kernel_bw_frac": nbytes / (k_us * 1e-6) / bw, "err": err, "timing": how,
-                         "copy_GBps": bw / 1e9})
+                         "copy_GBps": bw / 1e9, "same_bytes_copy_us": copy_us})
             print(json.dumps(rows[-1]), flush=True)
             torch.cuda.empty_cache()
 
@@ -188,9 +211,16 @@ def write(rows, out: Path, name: str) -> None:
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += ["", "Per variant: device µs (do_bench, one-call graph, L2 flushed) / kernel µs (activity records, L2 "
               "flushed) and the kernel time's fraction of the copy bandwidth. `err` > tolerance is marked wrong.", "",
-              "| algorithm | B | T | " + " | ".join(variants) + " |", "|---|---|---|" + "---|" * len(variants)]
+              "`copy`: a device-to-device copy of the cell's bytes (read half, write half), device µs (% of the copy "
+              "bandwidth): what any one kernel of that size pays at least.", "",
+              "| algorithm | B | T | copy | " + " | ".join(variants) + " |", "|---|---|---|---|" + "---|" * len(variants)]
     for algo, B, T in cells:
-        cols = []
+        timed = [r for r in rows if (r["algorithm"], r["B"], r["T"]) == (algo, B, T) and r.get("same_bytes_copy_us")]
+        cols = ["-"]
+        if timed:  # the fastest of the variants' copies
+            c = min(timed, key=lambda r: r["same_bytes_copy_us"])
+            c_us = c["same_bytes_copy_us"]
+            cols = [f"{c_us:.1f} ({100 * c['bytes'] / (c_us * 1e-6) / (c['copy_GBps'] * 1e9):.0f}%)"]
         for v in variants:
             r = by.get((v, algo, B, T))
             if r is None:

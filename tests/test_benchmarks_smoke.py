@@ -382,3 +382,14 @@ def test_ncu_summary_reads_a_committed_report():
     rows = [ln.split(" | ") for ln in result.stdout.splitlines()[2:]]
     assert [r[0].lstrip("| ") for r in rows][:2] == ["gae 65536x512", "td_lambda 65536x512"] and len(rows) == 7
     assert rows[0][1] == "_gae_fwd_kernel" and "-" not in rows[0][3:9], rows[0]
+
+
+@pytest.mark.triton
+def test_proto_lookback_smoke(tmp_path):
+    """benchmarks/proto_lookback.py: the two-pass look-back prototype, forward and reverse, several groups per row,
+    checked against the float64 torch path (the script marks a wrong result), then reported."""
+    _run(["proto_lookback.py", "--smoke", "--out", str(tmp_path)], tmp_path)
+    rows = json.loads((tmp_path / "proto_lookback.json").read_text())["rows"]
+    two_pass = [r for r in rows if r["impl"].startswith("two-pass")]
+    assert len(two_pass) == 8 and {r["status"] for r in rows} == {"ok"}
+    assert max(r["err"] for r in two_pass) < 1e-5

@@ -225,9 +225,8 @@ def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: t
         n_chunks = (T + BLOCK_R * BLOCK_T - 1) // (BLOCK_R * BLOCK_T)
         # tickets in the order programs start: a chunk's predecessors in its row hold smaller tickets, so they are
         # already running when it waits for them (program ids give no such order)
-        ticket = _index(tl.atomic_add(lb_ptr, 1), INT64)
-        o_r = ticket // n_chunks + tl.zeros([BLOCK_R], dtype=ticket.dtype)
-        c_lo = ticket % n_chunks
+        row, c_lo = ticket_chunk(_index(tl.atomic_add(lb_ptr, 1), INT64), n_rows, n_chunks)
+        o_r = row + tl.zeros([BLOCK_R], dtype=row.dtype)
         c_hi = c_lo + 1
         o_o, o_i, m_r = o_r // inner, o_r % inner, o_r < n_rows
     else:
@@ -237,6 +236,14 @@ def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: t
         c_hi = n_chunks
     b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)
     return o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi
+
+
+@triton.jit
+def ticket_chunk(ticket, n_rows, n_chunks):
+    """The (row, chunk in scan order) of a look-back ticket: tickets go to the rows in turn, so that the chunks in
+    flight at once spread over the rows and a chunk's look-back finds a predecessor that knows its leaving state
+    within fewer windows (``chain_state``). A chunk's predecessors in its row hold smaller tickets, as they must."""
+    return ticket % n_rows, ticket // n_rows
 
 
 @triton.jit
@@ -511,18 +518,25 @@ def _enter_segments(b_A, b_B, b_h0, REVERSE: tl.constexpr, SCAN_REVERSE: tl.cons
     I_LAST: tl.constexpr = 0 if REVERSE else BLOCK_R - 1  # the segment last in scan order
     b_enter = chain_state(lb_ptr, _pick(o_r, 0), i_c, n_chunks, _pick(s_A, I_LAST), _pick(s_B, I_LAST),
                           _pick(b_h0, 0), LOOKBACK if LOOKBACK > 0 else -LOOKBACK, LOOKBACK < 0)
+    return segment_states(s_A, s_B, b_enter, REVERSE)
+
+
+@triton.jit
+def segment_states(s_A, s_B, b_enter, REVERSE: tl.constexpr):
+    """The state [BLOCK_R] entering each of consecutive segments of one row (time ascending with the index), from
+    ``s_A, s_B`` [BLOCK_R], the maps of the segments up to each one in scan order, and ``b_enter`` (scalar), the
+    state entering the first segment in scan order."""
+    BLOCK_R: tl.constexpr = s_A.shape[0]
     if BLOCK_R == 1:
-        b_h0 = tl.zeros_like(b_h0) + b_enter
+        return tl.zeros_like(s_A) + b_enter
+    b_leave = apply_map(s_A, s_B, b_enter)  # [BLOCK_R] the state leaving each segment
+    o_s = tl.arange(0, BLOCK_R)
+    if REVERSE:
+        o_prev = o_s + 1
     else:
-        b_leave = apply_map(s_A, s_B, b_enter)  # [BLOCK_R] the state leaving each segment
-        o_s = tl.arange(0, BLOCK_R)
-        if REVERSE:
-            o_prev = o_s + 1
-        else:
-            o_prev = o_s - 1
-        b_h0 = tl.sum(tl.where(o_s[None, :] == o_prev[:, None], b_leave[None, :], 0.0), axis=1)
-        b_h0 = tl.where((o_prev < 0) | (o_prev >= BLOCK_R), b_enter, b_h0)
-    return b_h0
+        o_prev = o_s - 1
+    b_h0 = tl.sum(tl.where(o_s[None, :] == o_prev[:, None], b_leave[None, :], 0.0), axis=1)
+    return tl.where((o_prev < 0) | (o_prev >= BLOCK_R), b_enter, b_h0)
 
 
 @triton.jit
