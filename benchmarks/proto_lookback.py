@@ -38,19 +38,20 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from rl_triton_torchrl import kernels as K  # noqa: E402
-from rl_triton_torchrl.kernels import scan  # noqa: E402
+from rl_triton_torchrl.kernels.scan import (  # noqa: E402 - helpers by name: Triton resolves a kernel's globals
+    _affine_combine, _pick, _reverse_columns, apply_map, chain_state, edge_column, segment_states)
 
 SHAPES = "1x65536,16x65536,1x1048576,16x1048576"
 # (K tiles per group, segments per tile, steps per segment, warps, stages)
-CONFIGS = ((4, 4, 128, 4, 2), (8, 4, 128, 4, 2), (16, 4, 128, 4, 2), (8, 8, 128, 8, 2), (4, 8, 128, 8, 1),
-           (2, 4, 128, 4, 1))
+CONFIGS = ((4, 4, 128, 4, 2), (8, 4, 128, 4, 2), (16, 4, 128, 4, 2), (4, 4, 128, 4, 3), (8, 8, 128, 8, 2),
+           (4, 8, 128, 8, 1), (2, 4, 128, 4, 1), (8, 2, 128, 2, 2))
 
 
 @triton.jit
 def _combine_rev(a_l, b_l, a_r, b_r):
     """``_affine_combine`` with its operands swapped: a scan along time ascending that composes in descending
     order (a reverse scan's)."""
-    return scan._affine_combine(a_r, b_r, a_l, b_l)
+    return _affine_combine(a_r, b_r, a_l, b_l)
 
 
 @triton.jit
@@ -86,30 +87,30 @@ def _two_pass_kernel(a_ptr, b_ptr, h_ptr, lb_ptr, n_rows, T, n_groups, WINDOW: t
         # reduction's butterfly need not), composed in descending time order for a reverse scan
         if REVERSE:
             s_a, s_b = tl.associative_scan((b_a, b_b), 1, _combine_rev)
-            s_a, s_b = tl.associative_scan((scan.edge_column(s_a, False), scan.edge_column(s_b, False)), 0,
+            s_a, s_b = tl.associative_scan((edge_column(s_a, False), edge_column(s_b, False)), 0,
                                            _combine_rev)
         else:
-            s_a, s_b = tl.associative_scan((b_a, b_b), 1, scan._affine_combine)
-            s_a, s_b = tl.associative_scan((scan.edge_column(s_a, False), scan.edge_column(s_b, False)), 0,
-                                           scan._affine_combine)
-        acc_a, acc_b = scan._affine_combine(acc_a, acc_b, scan._pick(s_a, SEGS - 1), scan._pick(s_b, SEGS - 1))
-    b_h = scan.chain_state(lb_ptr, row, g, n_groups, acc_a, acc_b, tl.zeros([], tl.float32), WINDOW, False)
+            s_a, s_b = tl.associative_scan((b_a, b_b), 1, _affine_combine)
+            s_a, s_b = tl.associative_scan((edge_column(s_a, False), edge_column(s_b, False)), 0,
+                                           _affine_combine)
+        acc_a, acc_b = _affine_combine(acc_a, acc_b, _pick(s_a, SEGS - 1), _pick(s_b, SEGS - 1))
+    b_h = chain_state(lb_ptr, row, g, n_groups, acc_a, acc_b, tl.zeros([], tl.float32), WINDOW, False)
     # pass 2: the same tiles again (from L2), scanned from the state entering the group
     for k in tl.range(0, K, num_stages=NUM_STAGES):
         b_a, b_b, o, m = _tile(a_ptr, b_ptr, row, g, k, T, K, SEGS, SEG_T, REVERSE)
         if REVERSE:  # each segment reversed in its warp, then scanned forward (as scan_tile_enter)
-            b_a = scan._reverse_columns(b_a)
-            b_b = scan._reverse_columns(b_b)
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, scan._affine_combine)
-        s_A = scan.edge_column(b_A, False)
-        s_B = scan.edge_column(b_B, False)
-        s_A, s_B = tl.associative_scan((s_A, s_B), 0, scan._affine_combine, reverse=REVERSE)
-        b_h0 = scan.segment_states(s_A, s_B, b_h, REVERSE)
-        b_out = scan.apply_map(b_A, b_B, b_h0[:, None])
+            b_a = _reverse_columns(b_a)
+            b_b = _reverse_columns(b_b)
+        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine)
+        s_A = edge_column(b_A, False)
+        s_B = edge_column(b_B, False)
+        s_A, s_B = tl.associative_scan((s_A, s_B), 0, _affine_combine, reverse=REVERSE)
+        b_h0 = segment_states(s_A, s_B, b_h, REVERSE)
+        b_out = apply_map(b_A, b_B, b_h0[:, None])
         if REVERSE:
-            b_out = scan._reverse_columns(b_out)
+            b_out = _reverse_columns(b_out)
         tl.store(h_ptr + o, b_out, mask=m)
-        b_h = scan._pick(scan.apply_map(s_A, s_B, b_h), 0 if REVERSE else SEGS - 1)
+        b_h = _pick(apply_map(s_A, s_B, b_h), 0 if REVERSE else SEGS - 1)
 
 
 def two_pass_scan(a, b, reverse, k, segs, seg_t, warps, stages, window=32):
@@ -134,6 +135,7 @@ def main(argv=None):
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "h200"))
     parser.add_argument("--name", default="proto_lookback")
     parser.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), tiny shapes: tests the script")
+    parser.add_argument("--once", action="store_true", help="one call of each, nothing timed or written (for ncu)")
     args = parser.parse_args(argv)
     from _common import copy_bandwidth, device_time_us, environment, kernel_time_us
 
@@ -162,6 +164,12 @@ def main(argv=None):
             for cfg in configs:
                 cands.append((f"two-pass K{cfg[0]} {cfg[1]}x{cfg[2]} w{cfg[3]} s{cfg[4]}{' reverse' if reverse else ''}",
                               lambda r=reverse, c=cfg: two_pass_scan(a, b, r, *c), ref))
+        if args.once:
+            for _, fn, _ in cands:
+                fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            continue
         for name, fn, ref in cands:
             row = {"B": B, "T": T, "impl": name, "bytes": nbytes}
             try:
@@ -186,7 +194,8 @@ def main(argv=None):
             rows.append(row)
             print(json.dumps(row), flush=True)
         del src, dst
-    write(rows, env, Path(args.out), args.name)
+    if not args.once:
+        write(rows, env, Path(args.out), args.name)
 
 
 def write(rows, env, out: Path, name: str) -> None:
