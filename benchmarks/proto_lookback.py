@@ -46,6 +46,10 @@ SHAPES = "1x65536,16x65536,1x1048576,16x1048576"
 CONFIGS = ((4, 4, 128, 4, 2), (8, 4, 128, 4, 2), (16, 4, 128, 4, 2), (4, 4, 128, 4, 3), (8, 8, 128, 8, 2),
            (4, 8, 128, 8, 1), (2, 4, 128, 4, 1), (8, 2, 128, 2, 2))
 
+# (segments per chunk, steps per segment, warps, programs per SM, prefetch)
+PERSISTENT = ((4, 128, 4, 8, True), (4, 128, 4, 16, True), (8, 128, 4, 8, True), (16, 128, 4, 4, True),
+              (16, 128, 4, 4, False), (32, 128, 4, 3, True), (16, 128, 8, 4, True), (8, 128, 4, 16, True))
+
 
 @triton.jit
 def _combine_rev(a_l, b_l, a_r, b_r):
@@ -55,21 +59,53 @@ def _combine_rev(a_l, b_l, a_r, b_r):
 
 
 @triton.jit
-def _tile(a_ptr, b_ptr, row, g, k, T, K: tl.constexpr, SEGS: tl.constexpr, SEG_T: tl.constexpr,
-          REVERSE: tl.constexpr):
-    """The k-th tile in scan order of group ``g`` of ``row``: a, b [SEGS, SEG_T] (masked steps the identity), the
-    offsets and the mask."""
+def _tile_offsets(row, g, k, T, K: tl.constexpr, SEGS: tl.constexpr, SEG_T: tl.constexpr, REVERSE: tl.constexpr):
+    """Offsets and mask [SEGS, SEG_T] of the k-th tile in scan order of group ``g`` (in scan order) of ``row``: a
+    group beyond the row is all masked."""
     TILE_T: tl.constexpr = SEGS * SEG_T
     if REVERSE:  # groups and their tiles in scan order: from the end of the row
         t0 = T - (g * K + k + 1) * TILE_T
     else:
         t0 = (g * K + k) * TILE_T
     o_t = t0 + (tl.arange(0, SEGS) * SEG_T)[:, None] + tl.arange(0, SEG_T)[None, :]
-    m = (o_t >= 0) & (o_t < T)
-    o = row * T + o_t
-    b_a = tl.load(a_ptr + o, mask=m, other=1.0)
-    b_b = tl.load(b_ptr + o, mask=m, other=0.0)
-    return b_a, b_b, o, m
+    return row * T + o_t, (o_t >= 0) & (o_t < T)
+
+
+@triton.jit
+def _tile(a_ptr, b_ptr, row, g, k, T, K: tl.constexpr, SEGS: tl.constexpr, SEG_T: tl.constexpr,
+          REVERSE: tl.constexpr):
+    """The tile of ``_tile_offsets``: a, b [SEGS, SEG_T] (masked steps the identity), the offsets and the mask."""
+    o, m = _tile_offsets(row, g, k, T, K, SEGS, SEG_T, REVERSE)
+    return tl.load(a_ptr + o, mask=m, other=1.0), tl.load(b_ptr + o, mask=m, other=0.0), o, m
+
+
+@triton.jit
+def _chunk_ab(a_ptr, b_ptr, ticket, n_rows, T, SEGS: tl.constexpr, SEG_T: tl.constexpr, REVERSE: tl.constexpr):
+    """a, b of the chunk of a persistent program's ticket (tickets go to the rows in turn)."""
+    b_a, b_b, o, m = _tile(a_ptr, b_ptr, ticket % n_rows, ticket // n_rows, 0, T, 1, SEGS, SEG_T, REVERSE)
+    return b_a, b_b
+
+
+@triton.jit
+def _segments_map(b_a, b_b, REVERSE: tl.constexpr):
+    """A tile of consecutive segments of one row: each segment's inclusive scan in scan order (reversed in its warp
+    for a reverse scan, as scan_tile_enter does) and the maps of the segments up to each one, in scan order."""
+    if REVERSE:
+        b_a = _reverse_columns(b_a)
+        b_b = _reverse_columns(b_b)
+    b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine)
+    s_A, s_B = tl.associative_scan((edge_column(b_A, False), edge_column(b_B, False)), 0, _affine_combine,
+                                   reverse=REVERSE)
+    return b_A, b_B, s_A, s_B
+
+
+@triton.jit
+def _segments_out(b_A, b_B, s_A, s_B, b_h, REVERSE: tl.constexpr):
+    """The states of the tile of ``_segments_map`` entered with ``b_h`` (scalar), and the state leaving it."""
+    b_out = apply_map(b_A, b_B, segment_states(s_A, s_B, b_h, REVERSE)[:, None])
+    if REVERSE:
+        b_out = _reverse_columns(b_out)
+    return b_out, _pick(apply_map(s_A, s_B, b_h), 0 if REVERSE else s_A.shape[0] - 1)
 
 
 @triton.jit
@@ -98,19 +134,35 @@ def _two_pass_kernel(a_ptr, b_ptr, h_ptr, lb_ptr, n_rows, T, n_groups, WINDOW: t
     # pass 2: the same tiles again (from L2), scanned from the state entering the group
     for k in tl.range(0, K, num_stages=NUM_STAGES):
         b_a, b_b, o, m = _tile(a_ptr, b_ptr, row, g, k, T, K, SEGS, SEG_T, REVERSE)
-        if REVERSE:  # each segment reversed in its warp, then scanned forward (as scan_tile_enter)
-            b_a = _reverse_columns(b_a)
-            b_b = _reverse_columns(b_b)
-        b_A, b_B = tl.associative_scan((b_a, b_b), 1, _affine_combine)
-        s_A = edge_column(b_A, False)
-        s_B = edge_column(b_B, False)
-        s_A, s_B = tl.associative_scan((s_A, s_B), 0, _affine_combine, reverse=REVERSE)
-        b_h0 = segment_states(s_A, s_B, b_h, REVERSE)
-        b_out = apply_map(b_A, b_B, b_h0[:, None])
-        if REVERSE:
-            b_out = _reverse_columns(b_out)
+        b_A, b_B, s_A, s_B = _segments_map(b_a, b_b, REVERSE)
+        b_out, b_h = _segments_out(b_A, b_B, s_A, s_B, b_h, REVERSE)
         tl.store(h_ptr + o, b_out, mask=m)
-        b_h = _pick(apply_map(s_A, s_B, b_h), 0 if REVERSE else SEGS - 1)
+
+
+@triton.jit
+def _persistent_kernel(a_ptr, b_ptr, h_ptr, lb_ptr, n_rows, T, n_chunks, WINDOW: tl.constexpr,
+                       REVERSE: tl.constexpr, SEGS: tl.constexpr, SEG_T: tl.constexpr, PREFETCH: tl.constexpr):
+    n_total = n_rows * n_chunks
+    ticket = tl.atomic_add(lb_ptr, 1).to(tl.int64)
+    b_a, b_b = _chunk_ab(a_ptr, b_ptr, ticket, n_rows, T, SEGS, SEG_T, REVERSE)
+    while ticket < n_total:
+        row = ticket % n_rows
+        c = ticket // n_rows
+        if PREFETCH:  # the next chunk's loads in flight during this one's scan, look-back and stores
+            t_next = tl.atomic_add(lb_ptr, 1).to(tl.int64)
+            n_a, n_b = _chunk_ab(a_ptr, b_ptr, t_next, n_rows, T, SEGS, SEG_T, REVERSE)
+        b_A, b_B, s_A, s_B = _segments_map(b_a, b_b, REVERSE)
+        I_ALL: tl.constexpr = 0 if REVERSE else SEGS - 1  # the map of the whole chunk
+        b_h = chain_state(lb_ptr, row, c, n_chunks, _pick(s_A, I_ALL), _pick(s_B, I_ALL), tl.zeros([], tl.float32),
+                          WINDOW, False)
+        b_out, _ = _segments_out(b_A, b_B, s_A, s_B, b_h, REVERSE)
+        o, m = _tile_offsets(row, c, 0, T, 1, SEGS, SEG_T, REVERSE)
+        tl.store(h_ptr + o, b_out, mask=m)
+        if PREFETCH:
+            ticket, b_a, b_b = t_next, n_a, n_b
+        else:
+            ticket = tl.atomic_add(lb_ptr, 1).to(tl.int64)
+            b_a, b_b = _chunk_ab(a_ptr, b_ptr, ticket, n_rows, T, SEGS, SEG_T, REVERSE)
 
 
 def two_pass_scan(a, b, reverse, k, segs, seg_t, warps, stages, window=32):
@@ -125,6 +177,20 @@ def two_pass_scan(a, b, reverse, k, segs, seg_t, warps, stages, window=32):
     return h
 
 
+def persistent_scan(a, b, reverse, segs, seg_t, warps, per_sm, prefetch, window=32):
+    """The linear scan of contiguous float32 ``[rows, T]`` a, b by ``_persistent_kernel`` on ``per_sm`` programs
+    per SM (or one per chunk, if fewer)."""
+    rows, T = a.shape
+    n_chunks = -(-T // (segs * seg_t))
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 2
+    lb = torch.zeros(1 + 3 * rows * n_chunks, dtype=torch.int64, device=a.device)
+    h = torch.empty_like(a)
+    _persistent_kernel[(min(rows * n_chunks, sms * per_sm),)](
+        a, b, h, lb, rows, T, n_chunks, WINDOW=window, REVERSE=reverse, SEGS=segs, SEG_T=seg_t, PREFETCH=prefetch,
+        num_warps=warps)
+    return h
+
+
 def reference(a, b, reverse):
     return K.linear_scan(a.double(), b.double(), reverse=reverse, time_dim=-1, backend="torch")
 
@@ -136,12 +202,16 @@ def main(argv=None):
     parser.add_argument("--name", default="proto_lookback")
     parser.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), tiny shapes: tests the script")
     parser.add_argument("--once", action="store_true", help="one call of each, nothing timed or written (for ncu)")
+    parser.add_argument("--impls", default="two-pass,persistent", help="the prototypes to run beside ours and the copy")
     args = parser.parse_args(argv)
     from _common import copy_bandwidth, device_time_us, environment, kernel_time_us
 
     device = "cpu" if args.smoke else "cuda"
     backend = "triton" if args.smoke else "auto"  # the CPU path of linear_scan is plain torch
-    configs = [(2, 2, 4, 1, 1), (1, 2, 4, 1, 1)] if args.smoke else CONFIGS
+    impls = args.impls.split(",")
+    configs = [] if "two-pass" not in impls else [(2, 2, 4, 1, 1), (1, 2, 4, 1, 1)] if args.smoke else CONFIGS
+    persistent = [] if "persistent" not in impls else [(2, 4, 1, 2, True), (2, 4, 1, 1, False)] if args.smoke \
+        else PERSISTENT
     shapes = [(3, 37), (2, 64)] if args.smoke else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     env = environment()
     env["command"] = "python benchmarks/proto_lookback.py " + " ".join(sys.argv[1:])
@@ -161,9 +231,13 @@ def main(argv=None):
             ref = reference(a, b, reverse)
             cands.append((f"ours linear_scan{' reverse' if reverse else ''}",
                           lambda r=reverse: K.linear_scan(a, b, reverse=r, time_dim=-1, backend=backend), ref))
+            rev = " reverse" if reverse else ""
             for cfg in configs:
-                cands.append((f"two-pass K{cfg[0]} {cfg[1]}x{cfg[2]} w{cfg[3]} s{cfg[4]}{' reverse' if reverse else ''}",
+                cands.append((f"two-pass K{cfg[0]} {cfg[1]}x{cfg[2]} w{cfg[3]} s{cfg[4]}{rev}",
                               lambda r=reverse, c=cfg: two_pass_scan(a, b, r, *c), ref))
+            for cfg in persistent:
+                cands.append((f"persistent {cfg[0]}x{cfg[1]} w{cfg[2]} {cfg[3]}/SM{' prefetch' * cfg[4]}{rev}",
+                              lambda r=reverse, c=cfg: persistent_scan(a, b, r, *c), ref))
         if args.once:
             for _, fn, _ in cands:
                 fn()

@@ -386,10 +386,11 @@ def test_ncu_summary_reads_a_committed_report():
 
 @pytest.mark.triton
 def test_proto_lookback_smoke(tmp_path):
-    """benchmarks/proto_lookback.py: the two-pass look-back prototype, forward and reverse, several groups per row,
-    checked against the float64 torch path (the script marks a wrong result), then reported."""
+    """benchmarks/proto_lookback.py: the two-pass and the persistent look-back prototypes, forward and reverse,
+    several groups or chunks per row, checked against the float64 torch path (the script marks a wrong result),
+    then reported."""
     _run(["proto_lookback.py", "--smoke", "--out", str(tmp_path)], tmp_path)
     rows = json.loads((tmp_path / "proto_lookback.json").read_text())["rows"]
-    two_pass = [r for r in rows if r["impl"].startswith("two-pass")]
-    assert len(two_pass) == 8 and {r["status"] for r in rows} == {"ok"}
-    assert max(r["err"] for r in two_pass) < 1e-5
+    protos = [r for r in rows if r["impl"].startswith(("two-pass", "persistent"))]
+    assert len(protos) == 16 and {r["status"] for r in rows} == {"ok"}
+    assert max(r["err"] for r in protos) < 1e-5
