@@ -2,7 +2,8 @@
 
     python benchmarks/proto_lookback.py                                  # the default shapes, on the GPU
     python benchmarks/proto_lookback.py --shapes 16x1048576 --out benchmarks/results/h200
-    python benchmarks/proto_lookback.py --smoke                          # CPU (Triton's interpreter): tiny shapes
+    python benchmarks/proto_lookback.py --smoke                          # tiny shapes, nothing timed (a CPU runs
+                                                                         # them in Triton's interpreter)
 
 The package's look-back mode gives every chunk of a row a program that holds the whole chunk (2048-4096 steps) in
 registers while it waits for the state entering it (``scan.chain_state``): 84-142 registers per thread, 18-29%
@@ -32,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-if "--smoke" in sys.argv:
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":  # before triton is imported: the kernels run through the interpreter (--smoke)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -200,14 +202,14 @@ def main(argv=None):
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "h200"))
     parser.add_argument("--name", default="proto_lookback")
-    parser.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), tiny shapes: tests the script")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, nothing timed: tests the script")
     parser.add_argument("--once", action="store_true", help="one call of each, nothing timed or written (for ncu)")
     parser.add_argument("--impls", default="two-pass,persistent", help="the prototypes to run beside ours and the copy")
     args = parser.parse_args(argv)
     from _common import copy_bandwidth, device_time_us, environment, kernel_time_us
 
-    device = "cpu" if args.smoke else "cuda"
-    backend = "triton" if args.smoke else "auto"  # the CPU path of linear_scan is plain torch
+    device = DEVICE
+    backend = "triton" if device == "cpu" else "auto"  # the CPU path of linear_scan is plain torch
     impls = args.impls.split(",")
     configs = [] if "two-pass" not in impls else [(2, 2, 4, 1, 1), (1, 2, 4, 1, 1)] if args.smoke else CONFIGS
     persistent = [] if "persistent" not in impls else [(2, 4, 1, 2, True), (2, 4, 1, 1, False)] if args.smoke \
