@@ -75,7 +75,8 @@ def _store_tile_stream(base, b_x, o_o, o_i, o_t, T, inner, m):
 
 
 @triton.jit
-def _chain_state_none(lb_ptr, row, i_c, n_chunks, b_A, b_B, b_h0, LOOKBACK_WINDOW: tl.constexpr, SPARSE: tl.constexpr):
+def _chain_state_none(lb_ptr, row, i_c, n_chunks, b_A, b_B, b_h0, LOOKBACK_WINDOW: tl.constexpr,
+                      SPARSE: tl.constexpr):
     return b_h0
 
 
@@ -213,7 +214,8 @@ def write(rows, out: Path, name: str) -> None:
               "flushed) and the kernel time's fraction of the copy bandwidth. `err` > tolerance is marked wrong.", "",
               "`copy`: a device-to-device copy of the cell's bytes (read half, write half), device µs (% of the copy "
               "bandwidth): what any one kernel of that size pays at least.", "",
-              "| algorithm | B | T | copy | " + " | ".join(variants) + " |", "|---|---|---|---|" + "---|" * len(variants)]
+              "| algorithm | B | T | copy | " + " | ".join(variants) + " |",
+              "|---|---|---|---|" + "---|" * len(variants)]
     for algo, B, T in cells:
         timed = [r for r in rows if (r["algorithm"], r["B"], r["T"]) == (algo, B, T) and r.get("same_bytes_copy_us")]
         cols = ["-"]

@@ -65,6 +65,20 @@ def test_lookback_matches_reference(algo, T, with_state, tiny_chunks):
     _compare(algo, (2, T, 1), "random", seed=T, with_state=with_state)
 
 
+@pytest.mark.parametrize("rows, chunks", [(1, 7), (3, 5), (16, 32)])
+def test_lookback_tickets_reach_every_chunk_after_its_predecessors(rows, chunks):
+    """``scan.ticket_chunk`` (its arithmetic run on tensors) hands out every (row, chunk) once, and every chunk's
+    predecessors in its row hold smaller tickets: what keeps a look-back from waiting on a program not yet started."""
+    tickets = torch.arange(rows * chunks)
+    row, chunk = scan.ticket_chunk.fn(tickets, rows, chunks)
+    pairs = list(zip(row.tolist(), chunk.tolist()))
+    assert sorted(pairs) == [(r, c) for r in range(rows) for c in range(chunks)]
+    ticket_of = {pair: t for t, pair in enumerate(pairs)}
+    assert all(ticket_of[r, c - 1] < ticket_of[r, c] for r in range(rows) for c in range(1, chunks))
+    if rows > 1:  # the rows in turn: the first tickets start every row
+        assert [r for r, _ in pairs[:rows]] == list(range(rows))
+
+
 @pytest.mark.parametrize("pattern", ["none", "all"])
 def test_lookback_flag_patterns(pattern, tiny_chunks):
     for algo in ("gae", "vtrace", "retrace", "sum_after_done"):
