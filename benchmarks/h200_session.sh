@@ -27,8 +27,10 @@ has() { [[ " $STEPS " == *" $1 "* ]] && echo "$1 starts at ${SECONDS} s" >> "$R/
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt"
 if has tests; then
   # -v names every result as it comes: a run stopped by its time limit still says which tests failed
-  timeout ${TESTS_TIMEOUT:-260} python -m pytest tests -v -n ${TEST_WORKERS:-8} -m "not gpu_scale" -p no:cacheprovider \
-    > "$R/pytest_cuda.log" 2>&1
+  # (each failure's traceback goes to pytest_failures.log as it happens: the limit may stop the run before pytest's
+  # summary)
+  PYTEST_FAILURE_LOG="$R/pytest_failures.log" timeout ${TESTS_TIMEOUT:-260} python -m pytest tests -v \
+    -n ${TEST_WORKERS:-8} -m "not gpu_scale" -p no:cacheprovider > "$R/pytest_cuda.log" 2>&1
   grep -E " (FAILED|ERROR) " "$R/pytest_cuda.log" | head -20; tail -1 "$R/pytest_cuda.log"
 fi
 # the files that test the kernels, the look-back mode's concurrent chunks included; kerneltests runs them all (about

@@ -33,6 +33,16 @@ def pytest_report_header(config):
         return f"no Triton: tests that need it are skipped ({_triton.TRITON_IMPORT_ERROR})"
 
 
+def pytest_runtest_logreport(report):
+    """With ``$PYTEST_FAILURE_LOG`` set, appends each failure's traceback to that file as it happens (in the process
+    that reports to the terminal: the xdist controller, or the one process): a run that a time limit stops before
+    pytest's summary, such as the GPU sessions' whole-suite runs, still leaves every failure's cause."""
+    path = os.environ.get("PYTEST_FAILURE_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as log:
+            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
 def pytest_collection_modifyitems(config, items):
     if _triton.HAS_TRITON:
         return

@@ -394,3 +394,27 @@ def test_proto_lookback_smoke(tmp_path):
     protos = [r for r in rows if r["impl"].startswith(("two-pass", "persistent"))]
     assert len(protos) == 16 and {r["status"] for r in rows} == {"ok"}
     assert max(r["err"] for r in protos) < 1e-5
+
+
+def test_failure_log_keeps_each_failure_as_it_happens(tmp_path, monkeypatch):
+    """``$PYTEST_FAILURE_LOG`` (``h200_session.sh``'s whole-suite step sets it): conftest appends each failure's
+    traceback at once, in the reporting process only, and nothing for a pass or without the variable."""
+    import types
+
+    import conftest
+
+    log = tmp_path / "failures.log"
+    failed = types.SimpleNamespace(failed=True, nodeid="tests/test_x.py::test_y[GAE]", when="call",
+                                   longreprtext="Traceback ...\nAssertionError: advantage differs")
+    passed = types.SimpleNamespace(failed=False, nodeid="tests/test_x.py::test_z", when="call", longreprtext="")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv("PYTEST_FAILURE_LOG", raising=False)
+    conftest.pytest_runtest_logreport(failed)
+    assert not log.exists()
+    monkeypatch.setenv("PYTEST_FAILURE_LOG", str(log))
+    conftest.pytest_runtest_logreport(passed)
+    conftest.pytest_runtest_logreport(failed)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")  # a worker: its controller writes the same report
+    conftest.pytest_runtest_logreport(failed)
+    text = log.read_text()
+    assert text.count("==== ") == 1 and "test_y[GAE] (call)" in text and "advantage differs" in text
