@@ -120,7 +120,7 @@ def _two_pass_kernel(a_ptr, b_ptr, h_ptr, lb_ptr, n_rows, T, n_groups, WINDOW: t
     acc_a = tl.zeros([], tl.float32) + 1.0
     acc_b = tl.zeros([], tl.float32)
     for k in tl.range(0, K, num_stages=NUM_STAGES):
-        b_a, b_b, o, m = _tile(a_ptr, b_ptr, row, g, k, T, K, SEGS, SEG_T, REVERSE)
+        b_a, b_b, o, m = _tile(a_ptr, b_ptr, row, g, k, T, K, SEGS, SEG_T, REVERSE)  # [SEGS, SEG_T]
         # the tile's map: the last of an inclusive scan in index order (a scan keeps the operands' order, which a
         # reduction's butterfly need not), composed in descending time order for a reverse scan
         if REVERSE:
@@ -135,8 +135,8 @@ def _two_pass_kernel(a_ptr, b_ptr, h_ptr, lb_ptr, n_rows, T, n_groups, WINDOW: t
     b_h = chain_state(lb_ptr, row, g, n_groups, acc_a, acc_b, tl.zeros([], tl.float32), WINDOW, False)
     # pass 2: the same tiles again (from L2), scanned from the state entering the group
     for k in tl.range(0, K, num_stages=NUM_STAGES):
-        b_a, b_b, o, m = _tile(a_ptr, b_ptr, row, g, k, T, K, SEGS, SEG_T, REVERSE)
-        b_A, b_B, s_A, s_B = _segments_map(b_a, b_b, REVERSE)
+        b_a, b_b, o, m = _tile(a_ptr, b_ptr, row, g, k, T, K, SEGS, SEG_T, REVERSE)  # [SEGS, SEG_T]
+        b_A, b_B, s_A, s_B = _segments_map(b_a, b_b, REVERSE)  # [SEGS, SEG_T] x 2, [SEGS] x 2
         b_out, b_h = _segments_out(b_A, b_B, s_A, s_B, b_h, REVERSE)
         tl.store(h_ptr + o, b_out, mask=m)
 
@@ -146,14 +146,14 @@ def _persistent_kernel(a_ptr, b_ptr, h_ptr, lb_ptr, n_rows, T, n_chunks, WINDOW:
                        REVERSE: tl.constexpr, SEGS: tl.constexpr, SEG_T: tl.constexpr, PREFETCH: tl.constexpr):
     n_total = n_rows * n_chunks
     ticket = tl.atomic_add(lb_ptr, 1).to(tl.int64)
-    b_a, b_b = _chunk_ab(a_ptr, b_ptr, ticket, n_rows, T, SEGS, SEG_T, REVERSE)
+    b_a, b_b = _chunk_ab(a_ptr, b_ptr, ticket, n_rows, T, SEGS, SEG_T, REVERSE)  # [SEGS, SEG_T]
     while ticket < n_total:
         row = ticket % n_rows
         c = ticket // n_rows
         if PREFETCH:  # the next chunk's loads in flight during this one's scan, look-back and stores
             t_next = tl.atomic_add(lb_ptr, 1).to(tl.int64)
-            n_a, n_b = _chunk_ab(a_ptr, b_ptr, t_next, n_rows, T, SEGS, SEG_T, REVERSE)
-        b_A, b_B, s_A, s_B = _segments_map(b_a, b_b, REVERSE)
+            n_a, n_b = _chunk_ab(a_ptr, b_ptr, t_next, n_rows, T, SEGS, SEG_T, REVERSE)  # [SEGS, SEG_T]
+        b_A, b_B, s_A, s_B = _segments_map(b_a, b_b, REVERSE)  # [SEGS, SEG_T] x 2, [SEGS] x 2
         I_ALL: tl.constexpr = 0 if REVERSE else SEGS - 1  # the map of the whole chunk
         b_h = chain_state(lb_ptr, row, c, n_chunks, _pick(s_A, I_ALL), _pick(s_B, I_ALL), tl.zeros([], tl.float32),
                           WINDOW, False)
