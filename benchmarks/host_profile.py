@@ -15,24 +15,12 @@ import io
 import os
 import pstats
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from _algos import TABLE, make_rollout  # noqa: E402
-
-
-def wall_us(fn, calls: int, repeats: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+from _common import wall_time_us  # noqa: E402
 
 
 def main() -> None:
@@ -51,7 +39,7 @@ def main() -> None:
             fn = lambda: call(x, backend="triton", **coefs)  # noqa: E731
             for _ in range(20):
                 fn()
-            us = wall_us(fn, args.calls)
+            us = min(wall_time_us(fn, args.calls) for _ in range(5))
             profiler = cProfile.Profile()
             profiler.enable()
             for _ in range(args.calls):
