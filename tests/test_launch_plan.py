@@ -29,10 +29,11 @@ pytest.importorskip("triton", reason="launch plans launch Triton kernels")
 import triton  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from _algos import TABLE, as_tuple, make_rollout, state_shape
+from _algos import DISCRETE, TABLE, as_tuple, make_rollout, state_shape
 from _helpers import DEVICE
-from rl_triton_torchrl.kernels import _launcher, _utils, scan
+from rl_triton_torchrl.kernels import _launcher, _replay, _utils, scan
 from rl_triton_torchrl.kernels import gae as gae_fn
+from rl_triton_torchrl.kernels import linear_scan
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CUDA = torch.cuda.is_available()
@@ -212,11 +213,16 @@ class Counts:
         return self.plain, self.lean, self.replayed + self.native
 
 
+# the algorithms whose calls read input values on the CPU (non-negative ratios, valid actions): never replayed there
+VALUE_CHECKED = ("retrace_ratio", *DISCRETE)
+
+
 @pytest.fixture
 def plans(monkeypatch):
     """An empty plan cache: the cache of this test alone."""
     fresh = {}
     monkeypatch.setattr(scan, "_PLANS", fresh)
+    monkeypatch.setattr(_replay, "_ENTRIES", {})  # and no call replayed from another test's kernels
     return fresh
 
 
@@ -226,6 +232,7 @@ def stand_ins(monkeypatch, plans):
     if not INTERPRET:
         pytest.skip("stand-ins run the kernels through the interpreter (TRITON_INTERPRET=1, set without a GPU)")
     monkeypatch.setattr(_launcher.driver, "_active", _Driver())
+    counts = _count_call_replays(monkeypatch)
     made = []
     for name in KERNEL_MODULES:
         module = importlib.import_module(f"rl_triton_torchrl.kernels.{name}")
@@ -233,7 +240,23 @@ def stand_ins(monkeypatch, plans):
             if attr.endswith("_fwd_kernel"):
                 made.append(StandIn(value))
                 monkeypatch.setattr(module, attr, made[-1].jit)
-    return Counts(made)
+    counts.stand_ins.extend(made)
+    return counts
+
+
+def _count_call_replays(monkeypatch) -> Counts:
+    """``Counts`` (of no stand-in yet) whose ``calls_replayed`` counts the calls served by call replay."""
+    counts = Counts([])
+    counts.__dict__["calls_replayed"] = 0
+    replay_entry = _replay.Entry.replay
+
+    def counting(entry, ptrs):
+        out = replay_entry(entry, ptrs)
+        counts.__dict__["calls_replayed"] += out is not None
+        return out
+
+    monkeypatch.setattr(_replay.Entry, "replay", counting)
+    return counts
 
 
 def _plain(monkeypatch, fn):
@@ -280,13 +303,14 @@ def _coef_tensors(algo: str, kind: str) -> dict:
     return out
 
 
-def _replays_equal_plain(monkeypatch, counts, algo, x, kw, calls=3, planned=True):
+def _replays_equal_plain(monkeypatch, counts, algo, x, kw, calls=3, planned=True, call_replays=None):
     """Calls ``algo`` ``calls`` times on the lean path: the first launches plainly and builds the plan, the others
-    replay it (``planned``); every output equals the plain path's bit for bit."""
+    replay it (``planned``), ``call_replays`` of them (unless None) as a whole call (``_replay``); every output
+    equals the plain path's bit for bit."""
     call, _, coefs = TABLE[algo]
     kw = {**coefs, **kw}
     expected = _plain(monkeypatch, lambda: call(x, backend="triton", **kw))
-    before = counts.snapshot()
+    before, replays_before = counts.snapshot(), counts.calls_replayed
     for i in range(calls):
         assert_identical(f"{algo} call {i}", call(x, backend="triton", **kw), expected)
     plain, lean, replayed = (after - b for after, b in zip(counts.snapshot(), before))
@@ -294,6 +318,9 @@ def _replays_equal_plain(monkeypatch, counts, algo, x, kw, calls=3, planned=True
         assert replayed == calls - 1 and lean == 0, f"{algo}: {plain} plain, {lean} lean, {replayed} replayed"
     else:
         assert replayed == 0, f"{algo}: replayed a launch that has no plan"
+    if call_replays is not None:
+        assert counts.calls_replayed - replays_before == call_replays, \
+            f"{algo}: {counts.calls_replayed - replays_before} calls replayed whole, expected {call_replays}"
 
 
 @needs_interpreter
@@ -305,7 +332,7 @@ def test_replay_equals_plain(algo, case, stand_ins, monkeypatch):
         monkeypatch.setattr(scan, name, value)
     rollout = {"shape": (3, 20, 2), **rollout}
     x = make_rollout(**rollout)
-    _replays_equal_plain(monkeypatch, stand_ins, algo, x, extra(x))
+    _replays_equal_plain(monkeypatch, stand_ins, algo, x, extra(x), call_replays=0 if algo in VALUE_CHECKED else 2)
 
 
 @needs_interpreter
@@ -458,6 +485,7 @@ def _gae_key(x: dict, **kw) -> tuple:
     gae_module = importlib.import_module("rl_triton_torchrl.kernels.gae")
     with pytest.MonkeyPatch.context() as m:
         m.setattr(gae_module, "launch", launch)
+        m.setattr(_replay, "REPLAY", False)  # (a replayed call would not reach the launch)
         TABLE["gae"][0](x, backend="triton", **{**TABLE["gae"][2], **kw})
     k = dict(seen["kwargs"])
     coefs = k.pop("coefs")
@@ -746,6 +774,137 @@ def test_getenv_reads_every_change(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Call replay (``_replay``): a call whose signature was recorded launches its plan with no checks and no plan key
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _gae_call(x, terminated="terminated", **kw):
+    return gae_fn(x["reward"], x["value"], x["next_value"], x["done"], x[terminated],
+                  **{"gamma": 0.97, "lmbda": 0.9, "backend": "triton", **kw})
+
+
+@needs_interpreter
+def test_call_replay_checks_nothing(stand_ins, monkeypatch):
+    """A replayed call runs no input check (they held for its signature when it was recorded) and equals the plain
+    path bit for bit, on its own data."""
+    _gae_call(make_rollout((3, 20, 2)))
+    for seed in (1, 2):
+        y = make_rollout((3, 20, 2), seed=seed)
+        with pytest.MonkeyPatch.context() as m:  # any check would raise now
+            m.setattr(_utils, "_uniform_layout", None)
+            m.setattr(_utils, "_checked_layout", None)
+            out = _gae_call(y)
+        assert_identical(f"seed {seed}", out, _plain(monkeypatch, lambda: _gae_call(y)))
+    assert stand_ins.calls_replayed == 2
+
+
+@needs_interpreter
+@pytest.mark.parametrize("change", ["gamma", "sign-of-zero", "int-gamma", "time_dim", "config", "shape", "dtype"])
+def test_call_replay_keys_each_argument(change, stand_ins, monkeypatch):
+    """Another value of any argument (its type and the sign of a zero included), or another launch constant, is
+    another signature: recorded anew, never served by the other's launch."""
+    x = make_rollout((3, 20, 2))
+    first = {"gamma": 0.0, "lmbda": 0.0, "time_dim": 1}
+    second = dict(first)
+    y = x
+    if change == "gamma":
+        second["gamma"] = 0.5
+    elif change == "sign-of-zero":
+        second["lmbda"] = -0.0
+    elif change == "int-gamma":
+        first["gamma"], second["gamma"] = 1.0, 1
+    elif change == "time_dim":
+        second["time_dim"] = -2  # the same dimension, another value: a call of its own
+    elif change == "shape":
+        y = make_rollout((3, 21, 2))
+    elif change == "dtype":
+        y = make_rollout((3, 20, 2), dtype=torch.float64)
+    for i, (kw, rollout) in enumerate(((first, x), (first, x), (second, y), (second, y))):
+        if change == "config" and i == 2:
+            monkeypatch.setattr(scan, "MAX_BLOCK_T", 8)
+        expected = _plain(monkeypatch, lambda: _gae_call(rollout, **kw))
+        assert_identical(f"{change} {kw}", _gae_call(rollout, **kw), expected)
+    assert stand_ins.calls_replayed == 2
+    if change == "config":
+        # the four plain calls of the expected outputs, the first call, and the first under the new constants
+        assert stand_ins.plain == 4 + 2, "the new launch constants should have launched plainly"
+
+
+@needs_interpreter
+def test_call_replay_keeps_bool_and_int_apart(stand_ins):
+    """``time_dim=True`` equals ``time_dim=1`` as a dict key; the call must still raise as it does unrecorded."""
+    x = make_rollout((3, 20, 2))
+    for _ in range(2):
+        _gae_call(x, time_dim=1)
+    with pytest.raises(TypeError, match="time_dim"):
+        _gae_call(x, time_dim=True)
+
+
+@needs_interpreter
+def test_call_replay_not_recorded_for_shared_arguments(stand_ins, monkeypatch):
+    """A call passing one tensor as two arguments (``done`` as ``terminated``) is not recorded: which argument the
+    launch read would be a guess. A later call of the same signature with two tensors records; one with the same
+    tensor twice then replays it correctly, each argument read as itself."""
+    x = make_rollout((3, 20, 2))
+    for terminated in ("done", "done", "terminated", "terminated", "done"):
+        expected = _plain(monkeypatch, lambda: _gae_call(x, terminated))
+        assert_identical(terminated, _gae_call(x, terminated), expected)
+    assert stand_ins.calls_replayed == 2
+
+
+@needs_interpreter
+def test_call_replay_not_recorded_where_outputs_change_after_the_launch(stand_ins):
+    """A function that works on its outputs after the launch (here in place) is never replayed: the replay would
+    skip that work. After ``RECORDINGS`` tries it runs unrecorded, and the ``linear_scan`` inside it replays."""
+
+    @_replay.replayable
+    def doubled(a, b):
+        return linear_scan(a, b, backend="triton").mul_(2)
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(3, 20, 2, generator=g), torch.randn(3, 20, 2, generator=g)
+    expected = 2 * linear_scan(a, b, backend="torch")
+    for i in range(_replay.RECORDINGS + 2):
+        torch.testing.assert_close(doubled(a, b), expected, msg=f"call {i}")
+    assert stand_ins.calls_replayed == 2, "the inner linear_scan replays; the outer function never does"
+
+
+@needs_interpreter
+def test_call_replay_follows_the_launcher_settings(stand_ins, monkeypatch):
+    """With the lean launcher switched off after a call was recorded, its signature launches the plain way."""
+    x = make_rollout((3, 20, 2))
+    for _ in range(2):
+        _gae_call(x)
+    monkeypatch.setattr(_launcher, "LEAN_LAUNCH", False)
+    before = stand_ins.plain
+    expected = _gae_call(x)
+    assert stand_ins.plain == before + 1 and stand_ins.calls_replayed == 1
+    monkeypatch.undo()
+    assert_identical("after", _plain(monkeypatch, lambda: _gae_call(x)), expected)
+
+
+@needs_interpreter
+def test_call_replay_off(stand_ins, monkeypatch):
+    monkeypatch.setattr(_replay, "REPLAY", False)
+    x = make_rollout((3, 20, 2))
+    for _ in range(3):
+        _gae_call(x)
+    assert stand_ins.calls_replayed == 0 and not _replay._ENTRIES
+    assert stand_ins.replayed + stand_ins.native == 2, "the launch plans still replay"
+
+
+def test_call_replay_remembers_calls_that_launch_nothing(monkeypatch):
+    """A signature whose call launched nothing (the torch path) is remembered as such: later calls run it as they
+    are, unrecorded."""
+    monkeypatch.setattr(_replay, "_ENTRIES", {})
+    x = make_rollout((3, 20, 2))
+    for _ in range(2):
+        out = _gae_call(x, backend="torch")
+    assert list(_replay._ENTRIES.values()) == [_replay.RECORDINGS]
+    assert_identical("torch path", out, _gae_call(x, backend="torch"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # On the GPU: compiled kernels, replayed and plain
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -764,6 +923,22 @@ def test_gpu_replay_equals_plain(algo, case, monkeypatch, plans):
     for i in range(3):
         assert_identical(f"{algo} call {i}", call(x, backend="triton", **kw), expected)
     assert any(plan is not None for plan in plans.values()), f"{algo}: no plan built"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["contig", "time-major", "states", "float64"])
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_gpu_call_replay_equals_plain(algo, case, monkeypatch, plans):
+    """On CUDA no call checks values, so every algorithm's calls after the first are replayed whole."""
+    counts = _count_call_replays(monkeypatch)
+    rollout, extra, _ = CASES[case]
+    x = make_rollout(**{"shape": (3, 20, 2), **rollout})
+    call, _, coefs = TABLE[algo]
+    kw = {**coefs, **extra(x)}
+    expected = _plain(monkeypatch, lambda: call(x, backend="triton", **kw))
+    for i in range(3):
+        assert_identical(f"{algo} call {i}", call(x, backend="triton", **kw), expected)
+    assert counts.calls_replayed == 2, f"{algo}: {counts.calls_replayed} of 3 calls replayed whole"
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

@@ -15,7 +15,7 @@ from itertools import repeat
 
 import torch
 
-from . import _triton
+from . import _replay, _triton
 
 __all__ = [
     "DEFAULT_TIME_DIM", "InputError", "Layout", "check_inputs", "check_coef", "check_nonnegative", "check_values",
@@ -219,6 +219,8 @@ def _check_coef_tensor(name: str, value: torch.Tensor, layout: Layout, low: floa
                          f"shape {tuple(layout.shape)}")
     if torch.compiler.is_compiling():  # reading values would break the graph: checked in eager calls only
         return value
+    if value.device.type == "cpu":
+        _replay.note_value_check()
     if value.device.type == "cpu" and value.numel() == 1:  # the common case (an estimator's buffer): no tensor ops
         v = value.item()
         if not math.isfinite(v) or v < low or (high is not None and v > high):
@@ -385,7 +387,10 @@ def checks_values(x: torch.Tensor) -> bool:
     """Whether the values of ``x`` are checked: on CPU tensors, yes. On CUDA a check would synchronise the device
     (and torch.compile could not trace it): CUDA inputs are not value-checked, and the kernels propagate what they
     get as the float64 reference does."""
-    return x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling()
+    checked = x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling()
+    if checked:
+        _replay.note_value_check()
+    return checked
 
 
 def check_values(name: str, x: torch.Tensor, bad: torch.Tensor, rule: str) -> None:

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import torch
 
+from ._replay import replayable
 from ._utils import check_coef, check_inputs
 from .prefix_sum import episodic_prefix_sum
 
 __all__ = ["eligibility_traces"]
 
 
+@replayable
 def eligibility_traces(
     x: torch.Tensor,
     done: torch.Tensor,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ._replay import replayable
 from ._triton import tl, triton
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
@@ -93,6 +94,7 @@ def _gae_fwd_kernel(
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
+@replayable
 def gae(
     reward: torch.Tensor,
     state_value: torch.Tensor,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from ._replay import replayable
 from ._triton import tl, triton
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
@@ -88,6 +89,7 @@ def check_reset(reset) -> bool:
     return reset == "after_done"
 
 
+@replayable
 def episodic_prefix_sum(
     x: torch.Tensor,
     boundary: torch.Tensor,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from ._replay import replayable
 from ._triton import tl, triton
 from ._utils import (
     DEFAULT_TIME_DIM, InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values,
@@ -224,6 +225,7 @@ def _retrace_discrete_fwd_kernel(
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
+@replayable
 def retrace(
     q_taken: torch.Tensor,
     next_expected_q: torch.Tensor,
@@ -332,6 +334,7 @@ def retrace(
     return (q_ret, adv, ht) if output_final_state else (q_ret, adv)
 
 
+@replayable
 def retrace_discrete(
     pi: torch.Tensor,
     action: torch.Tensor,

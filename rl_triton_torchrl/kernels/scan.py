@@ -41,6 +41,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from . import _replay
+from ._replay import replayable
 from ._launcher import NO_CONTEXT, current_stream, launcher, replay
 from ._triton import tl, triton
 from ._utils import Layout, check_inputs, is_cached, resolve_backend, rows_strides
@@ -776,6 +778,8 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
                 _PLANS.pop(key, None)  # built again after the plain launch (a thread's first launch sets its context)
                 _note_failed_replay(e)
             if done:
+                if _replay.recording():
+                    _replay.note_launch(plan, layout, ptrs, cvals, tuple(outputs.values()), ht)
                 return ht
     kwargs, slots, numbers = {}, [], []  # slots: the parameters that change from call to call, in _plan_key order
     strides = []
@@ -832,13 +836,17 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
         CUT_A=not (finite_a and all_numbers), **cfg, **constexprs,
     )
     lean(grid, num_warps, maxnreg, **kwargs)
+    plan = None
     if key is not None and key not in _PLANS and is_cached(layout) and _of_layout(layout, inputs, outputs):
         plan = _LaunchPlan.of(lean, settings, layout, grid, num_warps, maxnreg, kwargs, slots, ptrs, numbers)
         if plan is not False:  # False: no compiled kernel to replay yet (the next call tries again)
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
             _PLANS[key] = plan
-    return None if ht is None else ht.reshape(layout.state_shape)
+    ht = None if ht is None else ht.reshape(layout.state_shape)
+    if _replay.recording():  # the plan launched now (its first launch), or None: a call that is not replayed
+        _replay.note_launch(plan or None, layout, ptrs, cvals if plan else (), tuple(outputs.values()), ht)
+    return ht
 
 
 _FAILED_REPLAYS = 0
@@ -1228,6 +1236,7 @@ def scan_rows(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None, reverse
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@replayable
 def linear_scan(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ._replay import replayable
 from ._triton import tl, triton
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
@@ -159,6 +160,7 @@ _COMMON_ARGS = r"""
 """
 
 
+@replayable
 def td_lambda_return(
     reward, next_state_value, done, terminated=None, *, gamma, lmbda, time_dim=None, initial_state=None,
     output_final_state=False, done_or_terminated=False, backend="auto",
@@ -188,6 +190,7 @@ def td_lambda_return(
                       done_or_terminated=done_or_terminated)
 
 
+@replayable
 def td_lambda_advantage(
     reward, state_value, next_state_value, done, terminated=None, *, gamma, lmbda, time_dim=None, initial_state=None,
     output_final_state=False, done_or_terminated=False, backend="auto",
@@ -211,6 +214,7 @@ def td_lambda_advantage(
                       backend=backend, done_or_terminated=done_or_terminated)
 
 
+@replayable
 def discounted_return(
     reward, done, *, gamma, next_state_value=None, terminated=None, time_dim=None, initial_state=None,
     output_final_state=False, backend="auto",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from ._replay import replayable
 from ._triton import tl, triton
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
@@ -133,6 +134,7 @@ def _vtrace_fwd_kernel(
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
+@replayable
 def vtrace(
     log_pi: torch.Tensor,
     log_mu: torch.Tensor,
