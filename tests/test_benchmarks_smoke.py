@@ -418,3 +418,13 @@ def test_failure_log_keeps_each_failure_as_it_happens(tmp_path, monkeypatch):
     conftest.pytest_runtest_logreport(failed)
     text = log.read_text()
     assert text.count("==== ") == 1 and "test_y[GAE] (call)" in text and "advantage differs" in text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times replayed launches through the CUDA driver")
+def test_host_floor_smoke(tmp_path):
+    """benchmarks/host_floor.py: every piece of a replayed call timed, every algorithm with call replay on and off."""
+    _run(["host_floor.py", "--calls", "50", "--out", str(tmp_path)], tmp_path)
+    rows = json.loads((tmp_path / "host_floor.json").read_text())["rows"]
+    assert {r["part"] for r in rows} == {"piece", "algorithm"}
+    assert all(r["us"] > 0 for r in rows if r["part"] == "piece")
+    assert all(r["replay_us"] > 0 and r["plain_us"] > 0 for r in rows if r["part"] == "algorithm")
