@@ -893,6 +893,18 @@ def test_call_replay_off(stand_ins, monkeypatch):
     assert stand_ins.replayed + stand_ins.native == 2, "the launch plans still replay"
 
 
+@pytest.mark.parametrize("env", [{}, {"TRITON_INTERPRET": "1"}, {"RL_TRITON_TORCHRL_REPLAY": "0"}])
+def test_call_replay_on_where_kernels_can_launch(env):
+    """On by default with a CUDA build of torch or under the interpreter (where the CPU tests launch), off with a
+    CPU-only build outside it (no call would launch: the signature would only cost) and when switched off."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "RL_TRITON_TORCHRL_REPLAY")}
+    out = subprocess.run([sys.executable, "-c", "import rl_triton_torchrl.kernels._replay as r; print(r.REPLAY)"],
+                         capture_output=True, text=True, env={**clean, **env}, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    expected = "RL_TRITON_TORCHRL_REPLAY" not in env and (torch.backends.cuda.is_built() or bool(env))
+    assert out.stdout.strip() == str(expected)
+
+
 def test_call_replay_remembers_calls_that_launch_nothing(monkeypatch):
     """A signature whose call launched nothing (the torch path) is remembered as such: later calls run it as they
     are, unrecorded."""

@@ -752,6 +752,9 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
 
     The kernel runs on the inputs' device: where it is not the current CUDA device, the launch runs under
     ``torch.cuda.device`` of it (Triton launches on the current device and its current stream).
+
+    Each launch is told to the calls being recorded (``_replay.note_launch``): a public call whose signature was
+    recorded replays the plan straight from its arguments and does not come here at all.
     """
     constexprs = flag_constexprs(inputs, constexprs)
     lean = launcher(kernel)
