@@ -925,6 +925,12 @@ def test_call_replay_remembers_calls_that_launch_nothing(monkeypatch):
 @pytest.mark.parametrize("case", ["contig", "sliced", "float64", "states"])  # (look-back: not bitwise repeatable)
 @pytest.mark.parametrize("algo", list(TABLE))
 def test_gpu_replay_equals_plain(algo, case, monkeypatch, plans):
+    _gpu_calls_equal_plain(algo, case, monkeypatch)
+    assert any(plan is not None for plan in plans.values()), f"{algo}: no plan built"
+
+
+def _gpu_calls_equal_plain(algo: str, case: str, monkeypatch, calls: int = 3) -> None:
+    """``calls`` calls of ``algo`` on the lean path, each bit for bit the plain path's (``CASES[case]``)."""
     rollout, extra, patches = CASES[case]
     for name, value in patches.items():
         monkeypatch.setattr(scan, name, value)
@@ -932,9 +938,8 @@ def test_gpu_replay_equals_plain(algo, case, monkeypatch, plans):
     call, _, coefs = TABLE[algo]
     kw = {**coefs, **extra(x)}
     expected = _plain(monkeypatch, lambda: call(x, backend="triton", **kw))
-    for i in range(3):
+    for i in range(calls):
         assert_identical(f"{algo} call {i}", call(x, backend="triton", **kw), expected)
-    assert any(plan is not None for plan in plans.values()), f"{algo}: no plan built"
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
@@ -943,13 +948,7 @@ def test_gpu_replay_equals_plain(algo, case, monkeypatch, plans):
 def test_gpu_call_replay_equals_plain(algo, case, monkeypatch, plans):
     """On CUDA no call checks values, so every algorithm's calls after the first are replayed whole."""
     counts = _count_call_replays(monkeypatch)
-    rollout, extra, _ = CASES[case]
-    x = make_rollout(**{"shape": (3, 20, 2), **rollout})
-    call, _, coefs = TABLE[algo]
-    kw = {**coefs, **extra(x)}
-    expected = _plain(monkeypatch, lambda: call(x, backend="triton", **kw))
-    for i in range(3):
-        assert_identical(f"{algo} call {i}", call(x, backend="triton", **kw), expected)
+    _gpu_calls_equal_plain(algo, case, monkeypatch)
     assert counts.calls_replayed == 2, f"{algo}: {counts.calls_replayed} of 3 calls replayed whole"
 
 
