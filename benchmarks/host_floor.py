@@ -5,8 +5,10 @@ four things: the signature of its arguments and its dictionary look-up, the laun
 the launch (one ``struct.pack_into`` and the driver's ``cuLaunchKernel`` through ctypes). This script times each of
 them alone, and what torch and the driver cost for the same work in other ways (one output, one allocation for both,
 a launch with its ctypes arguments built once), so that the floor of a Python call path on this host reads off the
-table. Then every algorithm's bare call back to back with ``_replay.REPLAY`` on and off, alternating in one process
-(the best of six rounds of each): the same host, the same moment, the only difference the replay.
+table; and the same call made whole by the C extension (``kernels._fastcall``), its signature alone among them. Then
+every algorithm's bare call back to back three ways, alternating in one process (the best of six rounds of each):
+replayed in C, replayed in Python (``_replay._FAST`` None), and not replayed (``_replay.REPLAY`` off): the same host,
+the same moment, the only difference the path.
 
     python benchmarks/host_floor.py            # on a GPU host: results/h200/host_floor.{json,md}
 
@@ -36,9 +38,23 @@ def _best_us(fn, calls: int, repeats: int = 7) -> float:
     return us
 
 
+def _python_replay(fn):
+    """``fn`` with calls replayed in Python (the C extension set aside)."""
+    from rl_triton_torchrl.kernels import _replay
+
+    def call():
+        fast, _replay._FAST = _replay._FAST, None
+        try:
+            return fn()
+        finally:
+            _replay._FAST = fast
+
+    return call
+
+
 def pieces(calls: int) -> list[dict]:
     """The pieces of a replayed GAE call, each alone."""
-    from rl_triton_torchrl.kernels import _launcher, _replay, gae, scan
+    from rl_triton_torchrl.kernels import _fastcall, _launcher, _replay, gae, scan
 
     B, T = 4096, 128
     r, v, nv = (torch.randn(B, T, 1, device="cuda") for _ in range(3))
@@ -50,6 +66,8 @@ def pieces(calls: int) -> list[dict]:
     torch.cuda.synchronize()
     key, ptrs = _replay.signature(gae, args, kw)
     entry = _replay._ENTRIES[key]
+    fast = _fastcall.loaded()
+    python_call = _python_replay(lambda: gae(*args, **kw))
     layout, lean, native = entry.layout, entry.plan.lean, entry.plan.native
     outs = scan.new_outputs(layout, 2)
     launch_ptrs = (*ptrs, *[o.data_ptr() for o in outs])
@@ -62,8 +80,12 @@ def pieces(calls: int) -> list[dict]:
              ctypes.c_void_p(stream), ctypes.c_void_p(native.params_address), None)
     like = scan._output_like(layout)
     two = (2, *layout.shape)
-    cases = [
-        ("call", "gae, replayed (the whole call)", lambda: gae(*args, **kw)),
+    c_cases = [] if fast is None or entry.fast is None else [
+        ("call", "gae, replayed in C (the whole call)", lambda: gae(*args, **kw)),
+        ("signature", "C: signature of the call, no entry", lambda: fast.call({}, gae, args, kw)),
+    ]
+    cases = c_cases + [
+        ("call", "gae, replayed in Python (the whole call)", lambda: python_call()),
         ("signature", "signature of the call (5 tensors, 2 floats)", lambda: _replay.signature(gae, args, kw)),
         ("signature", "signature + dictionary look-up", lambda: _replay._ENTRIES.get(_replay.signature(gae, args,
                                                                                                        kw)[0])),
@@ -91,7 +113,7 @@ def pieces(calls: int) -> list[dict]:
 
 
 def replay_on_off(calls: int, rounds: int = 6) -> list[dict]:
-    """Every algorithm's bare call with call replay on and off, alternating rounds in this process."""
+    """Every algorithm's bare call replayed in C, in Python and not at all, alternating rounds in this process."""
     from rl_triton_torchrl.kernels import _replay
 
     x = make_rollout((4096, 128, 1), seed=0)
@@ -101,14 +123,15 @@ def replay_on_off(calls: int, rounds: int = 6) -> list[dict]:
         fn = lambda: call(x, backend="triton", **coefs)  # noqa: E731
         for _ in range(30):
             fn()
-        best = {True: float("inf"), False: float("inf")}
+        ways = {"c": fn, "python": _python_replay(fn), "plain": fn}
+        best = dict.fromkeys(ways, float("inf"))
         for _ in range(rounds):
-            for on in (True, False):
-                _replay.REPLAY = on
-                best[on] = min(best[on], _best_us(fn, calls, repeats=1))
+            for way, f in ways.items():
+                _replay.REPLAY = way != "plain"
+                best[way] = min(best[way], _best_us(f, calls, repeats=1))
         _replay.REPLAY = True
-        rows.append({"part": "algorithm", "what": algo, "replay_us": best[True], "plain_us": best[False],
-                     "ratio": best[True] / best[False]})
+        rows.append({"part": "algorithm", "what": algo, "c_us": best["c"], "replay_us": best["python"],
+                     "plain_us": best["plain"], "ratio": best["c"] / best["plain"]})
     return rows
 
 
@@ -118,18 +141,23 @@ def main() -> None:
     parser.add_argument("--out", default="h200")
     parser.add_argument("--name", default="host_floor")
     args = parser.parse_args()
+    from rl_triton_torchrl.kernels import _fastcall
+    print("C extension:", _fastcall.load() is not None, _fastcall.status(), flush=True)
     rows = pieces(args.calls)
     for row in rows:
         print(f"{row['what']:56s} {row['us']:7.2f} us", flush=True)
     algos = replay_on_off(max(1, args.calls // 7))
     for row in algos:
-        print(f"{row['what']:18s} replay {row['replay_us']:6.2f} us, plain {row['plain_us']:6.2f} us", flush=True)
+        print(f"{row['what']:18s} C {row['c_us']:6.2f} us, Python replay {row['replay_us']:6.2f} us, "
+              f"plain {row['plain_us']:6.2f} us", flush=True)
     columns = [("part", "part"), ("group", "group"), ("what", "what"), ("us", "µs per call"),
-               ("replay_us", "replay µs"), ("plain_us", "plain µs"), ("ratio", "replay / plain")]
+               ("c_us", "replayed in C µs"), ("replay_us", "replayed in Python µs"), ("plain_us", "plain µs"),
+               ("ratio", "C / plain")]
     write_results(args.name, environment(), rows + algos, args.out, columns,
                   "Host time of a replayed call, piece by piece (4096 x 128 float32)",
                   notes="Command: `python benchmarks/host_floor.py`. Each row: host wall time per call, the best "
-                        "of 7 loops (pieces) or of 6 alternating rounds (algorithms, replay on and off).")
+                        "of 7 loops (pieces) or of 6 alternating rounds (algorithms: replayed in C, in Python, not "
+                        f"replayed). Replay path: {_fastcall.status()}.")
 
 
 if __name__ == "__main__":

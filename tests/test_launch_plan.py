@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,7 +32,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 from _algos import DISCRETE, TABLE, as_tuple, make_rollout, state_shape
 from _helpers import DEVICE
-from rl_triton_torchrl.kernels import _launcher, _replay, _utils, scan
+from rl_triton_torchrl.kernels import _fastcall, _launcher, _replay, _utils, scan
 from rl_triton_torchrl.kernels import gae as gae_fn
 from rl_triton_torchrl.kernels import linear_scan
 
@@ -200,13 +201,62 @@ def native_stand_ins(stand_ins, monkeypatch):
     return stand_ins
 
 
+# cuLaunchKernel's C type, for a stand-in the C extension (``_fastcall``) can call
+_CU_LAUNCH_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_void_p)
+
+
+class _CLaunch:
+    """A launch function (``fake``, such as ``_fake_cu_launch_kernel``) as a C function of cuLaunchKernel's type,
+    ``c_function``. A C callback cannot raise: its exceptions are kept in ``errors`` and it returns an error code."""
+
+    def __init__(self, fake=_fake_cu_launch_kernel):
+        self.errors, self.fake = [], fake
+
+        def launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            try:  # (null pointers arrive as None)
+                return self.fake(function or 0, gx, gy, gz, bx, by, bz, shared, stream or 0, params, extra)
+            except BaseException as e:  # noqa: BLE001 - kept for the test to raise
+                self.errors.append(e)
+                return 999
+
+        self.c_function = _CU_LAUNCH_KERNEL(launch)
+
+
+def _c_hits() -> int:
+    module = _fastcall.loaded()
+    return 0 if module is None else module.hits()
+
+
+@pytest.fixture
+def c_stand_ins(native_stand_ins, monkeypatch):
+    """``native_stand_ins`` whose replayed calls the C extension makes (``_fastcall``), launching through a C
+    function that runs ``_fake_cu_launch_kernel``."""
+    if not _fastcall.ENABLED:
+        pytest.skip(_fastcall.status())
+    module = _fastcall.load()
+    assert module is not None, _fastcall.status()
+    launch = _CLaunch()
+    monkeypatch.setattr(_launcher, "_LIBCUDA", (launch.c_function, None))
+    monkeypatch.setattr(_replay, "_FAST", module)
+    native_stand_ins.__dict__["c_launch"] = launch
+    yield native_stand_ins
+    if launch.errors:
+        raise launch.errors[0]
+
+
 class Counts:
-    """The launches of every stand-in kernel, summed."""
+    """The launches of every stand-in kernel, summed; ``calls_replayed``: the calls served by call replay since
+    ``_count_call_replays``, in Python or by the C extension."""
 
     def __init__(self, stand_ins: list[StandIn]):
         self.stand_ins = stand_ins
 
     def __getattr__(self, name):
+        if name == "calls_replayed":
+            return self.python_replays + self.c_replays
+        if name == "c_replays":
+            return _c_hits() - self.__dict__["c_hits_before"]
         return sum(getattr(s, name) for s in self.__dict__["stand_ins"])
 
     def snapshot(self) -> tuple[int, int, int]:
@@ -223,6 +273,8 @@ def plans(monkeypatch):
     fresh = {}
     monkeypatch.setattr(scan, "_PLANS", fresh)
     monkeypatch.setattr(_replay, "_ENTRIES", {})  # and no call replayed from another test's kernels
+    for name in ("_FAST", "_READY"):  # and calls replayed in Python unless the test says otherwise
+        monkeypatch.setattr(_replay, name, None)
     return fresh
 
 
@@ -247,12 +299,12 @@ def stand_ins(monkeypatch, plans):
 def _count_call_replays(monkeypatch) -> Counts:
     """``Counts`` (of no stand-in yet) whose ``calls_replayed`` counts the calls served by call replay."""
     counts = Counts([])
-    counts.__dict__["calls_replayed"] = 0
+    counts.__dict__.update(python_replays=0, c_hits_before=_c_hits())
     replay_entry = _replay.Entry.replay
 
     def counting(entry, ptrs):
         out = replay_entry(entry, ptrs)
-        counts.__dict__["calls_replayed"] += out is not None
+        counts.__dict__["python_replays"] += out is not None
         return out
 
     monkeypatch.setattr(_replay.Entry, "replay", counting)
@@ -471,6 +523,150 @@ def test_failed_native_replay_launches_plainly(code, native_stand_ins, monkeypat
         assert_identical("after a failed native launch", call(x, backend="triton", **coefs), expected)
     assert native_stand_ins.plain + native_stand_ins.lean == plain + 1, "not launched through Triton's launcher"
     assert len([w for w in caught if "replayed launch failed" in str(w.message)]) == (code != _launcher.NO_CONTEXT)
+
+
+# the cases whose plans allocate a buffer per call (a final state, a look-back status, float64 numbers as tensors):
+# replayed in Python, not in C
+BUFFERED_CASES = ("states", "look-back", "float64", "states-float64")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("algo,case", NATIVE_CASES)
+def test_c_replay_equals_plain(algo, case, c_stand_ins, monkeypatch):
+    """Calls made whole by the C extension: its signature finds the entry, its launch passes what Triton's does,
+    bit for bit the plain path's outputs; calls that allocate buffers are replayed in Python."""
+    rollout, extra, patches = CASES[case]
+    for name, value in patches.items():
+        monkeypatch.setattr(scan, name, value)
+    x = make_rollout(**{"shape": (3, 20, 2), **rollout})
+    before = c_stand_ins.c_replays
+    _replays_equal_plain(monkeypatch, c_stand_ins, algo, x, extra(x), call_replays=0 if algo in VALUE_CHECKED else 2)
+    in_c = 0 if algo in VALUE_CHECKED or case in BUFFERED_CASES else 2
+    assert c_stand_ins.c_replays - before == in_c, f"{algo}: {c_stand_ins.c_replays - before} calls made in C"
+
+
+@needs_interpreter
+def test_c_replay_reads_each_calls_data(c_stand_ins, monkeypatch):
+    """Each call made in C launches on its own tensors and numbers, into new outputs."""
+    call, _, _ = TABLE["gae"]
+    for seed, gamma, lmbda in ((0, 0.97, 0.9), (1, 0.5, 0.2), (2, 1e-40, 1.0), (3, -0.0, 0.0)):
+        x = make_rollout((3, 20, 2), seed=seed)
+        expected = _plain(monkeypatch, lambda: call(x, backend="triton", gamma=gamma, lmbda=lmbda))
+        outs = [call(x, backend="triton", gamma=gamma, lmbda=lmbda) for _ in range(3)]
+        for i, out in enumerate(outs):
+            assert_identical(f"seed {seed} call {i}", out, expected)
+        assert all(a.data_ptr() != b.data_ptr() for a, b in zip(outs[1], outs[2])), "outputs reused between calls"
+        assert all(o.is_contiguous() and o.shape == x["reward"].shape for o in outs[2])
+        held = [sys.getrefcount(v) for v in x.values()]
+        again = call(x, backend="triton", gamma=gamma, lmbda=lmbda)
+        assert [sys.getrefcount(v) for v in x.values()] == held, "an input's reference kept"
+        # held by the tuple, the loop variable and getrefcount's argument: no other reference kept, none lost
+        assert [sys.getrefcount(o) for o in again] == [3, 3], "an output's reference kept or lost"
+    assert c_stand_ins.c_replays == 12
+
+
+@needs_interpreter
+@pytest.mark.parametrize("poison", [True, False])
+def test_c_replay_poisons_outputs(poison, c_stand_ins, monkeypatch):
+    """Calls made in C fill their outputs with NaN before the launch where ``scan.POISON_OUTPUTS`` says so (the
+    tests' setting), as ``new_outputs`` does: a launch that writes nothing leaves them NaN."""
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    call(x, backend="triton", **coefs)  # builds the plan and the entry
+    monkeypatch.setattr(scan, "POISON_OUTPUTS", poison)
+    c_stand_ins.c_launch.fake = lambda *args: 0
+    before = c_stand_ins.c_replays
+    outs = call(x, backend="triton", **coefs)
+    assert c_stand_ins.c_replays == before + 1
+    assert all(bool(o.isnan().all()) == poison for o in outs)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("change", ["refused", "settings", "recording"])
+def test_c_replay_declines_to_python(change, c_stand_ins, monkeypatch):
+    """Where the C extension cannot make a call (the driver refuses the launch, other launcher settings, a call
+    being recorded) it launches nothing and the Python path makes the call."""
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    expected = _plain(monkeypatch, lambda: call(x, backend="triton", **coefs))
+    call(x, backend="triton", **coefs)  # builds the plan and the entry
+    if change == "refused":
+        c_stand_ins.c_launch.fake = lambda *args: 1
+        monkeypatch.setattr(scan, "_FAILED_REPLAYS", 0)
+    elif change == "settings":
+        monkeypatch.setattr(_launcher, "LEAN_LAUNCH", False)
+    before, python_before = c_stand_ins.c_replays, c_stand_ins.python_replays
+    plain = c_stand_ins.plain + c_stand_ins.lean
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a refused replay warns)
+        if change == "recording":
+            _replay._recordings().append(_replay._Recording())
+            try:
+                out = call(x, backend="triton", **coefs)
+            finally:
+                _replay._recordings().pop()
+        else:
+            out = call(x, backend="triton", **coefs)
+    assert_identical(change, out, expected)
+    assert c_stand_ins.c_replays == before, "made in C"
+    assert c_stand_ins.python_replays == python_before
+    assert c_stand_ins.plain + c_stand_ins.lean - plain == (change in ("refused", "settings")), \
+        "not launched through Triton's launcher"
+
+
+@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
+def test_c_signature_is_pythons():
+    """The C extension's signature of a call is ``_replay.signature``'s: the same key and pointers, and None for the
+    same calls."""
+    module = _fastcall.load()
+    assert module is not None, _fastcall.status()
+    _replay._bind()
+
+    def fn():
+        pass
+
+    x = torch.randn(3, 4)
+    w = torch.randn(3, 4, requires_grad=True)
+    cases = [((), {}), ((x,), {}), ((x, x.t(), x[:, 1:], x > 0, x.to(torch.int64), w), {}),
+             ((x,), {"gamma": 0.5, "lmbda": 0.0, "c": -0.0, "n": 3, "b": True, "s": "auto", "none": None}),
+             ((x,), {"lmbda": 0.0, "gamma": 0.5}), ((x, 1, 1.0, True, float("nan")), {}),
+             ((x, torch.nn.Parameter(x)), {}), ((x, [1]), {}), ((x,), {"gamma": np.float64(0.5)}),
+             ((x, torch.empty(3, device="meta")), {})]
+    for args, kwargs in cases:
+        expected = _replay.signature(fn, args, kwargs)
+        assert module.call({}, fn, args, kwargs) == (False, *(expected or (None, None))), (args, kwargs)
+    with torch.no_grad():
+        assert module.call({}, fn, (x,), {}) == (False, *_replay.signature(fn, (x,), {}))
+    assert module.call({}, fn, (x,), {})[1] != module.call({}, fn, (x.double(),), {})[1]
+
+
+@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
+@pytest.mark.parametrize("setting", ["built", "no-compiler", "off"])
+def test_fastcall_build(setting, tmp_path):
+    """A fresh process builds the extension once into its cache directory and loads it from there after; without
+    a compiler, or switched off, calls replay in Python and ``status`` says why."""
+    env = {**os.environ, "RL_TRITON_TORCHRL_CACHE_DIR": str(tmp_path)}
+    if setting == "no-compiler":
+        env["CC"] = str(tmp_path / "no-such-cc")
+    elif setting == "off":
+        env["RL_TRITON_TORCHRL_FASTCALL"] = "0"
+    code = "from rl_triton_torchrl.kernels import _fastcall; print(_fastcall.load() is not None); " \
+           "print(_fastcall.status())"
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    loaded, status = run()
+    built = list(tmp_path.glob("_fastcall_ext_*"))
+    if setting == "built":
+        assert (loaded, len(built)) == ("True", 1) and status.startswith("C ("), status
+        stamp = built[0].stat().st_mtime_ns
+        assert run()[0] == "True" and built[0].stat().st_mtime_ns == stamp, "built again"
+    else:
+        assert (loaded, built) == ("False", [])
+        assert ("no C compiler" if setting == "no-compiler" else "RL_TRITON_TORCHRL_FASTCALL=0") in status, status
 
 
 def _gae_key(x: dict, **kw) -> tuple:
@@ -950,6 +1146,54 @@ def test_gpu_call_replay_equals_plain(algo, case, monkeypatch, plans):
     counts = _count_call_replays(monkeypatch)
     _gpu_calls_equal_plain(algo, case, monkeypatch)
     assert counts.calls_replayed == 2, f"{algo}: {counts.calls_replayed} of 3 calls replayed whole"
+
+
+def _with_c_extension(monkeypatch) -> None:
+    """Calls replayed by the C extension from now on (built here if need be)."""
+    module = _fastcall.load()
+    assert module is not None, _fastcall.status()
+    monkeypatch.setattr(_replay, "_FAST", module)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
+@pytest.mark.parametrize("case", ["contig", "time-major", "states", "float64"])
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_gpu_c_call_replay_equals_plain(algo, case, monkeypatch, plans):
+    """With the C extension, calls without per-call buffers are made in C and the others replayed in Python, every
+    one bit for bit the plain path's."""
+    _with_c_extension(monkeypatch)
+    counts = _count_call_replays(monkeypatch)
+    _gpu_calls_equal_plain(algo, case, monkeypatch)
+    assert counts.calls_replayed == 2, f"{algo}: {counts.calls_replayed} of 3 calls replayed whole"
+    assert counts.c_replays == (0 if case in BUFFERED_CASES else 2), f"{algo}: {counts.c_replays} made in C"
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
+def test_gpu_c_replay_in_cuda_graph(monkeypatch, plans):
+    """A call made in C while a CUDA graph is captured launches on the capture's stream into the capture's memory,
+    and the graph reads the inputs at replay."""
+    _with_c_extension(monkeypatch)
+    counts = _count_call_replays(monkeypatch)
+    x = make_rollout((64, 50, 1))
+    kw = {"gamma": 0.97, "lmbda": 0.9}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # compiled, planned, made in C
+            TABLE["gae"][0](x, backend="triton", **kw)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = TABLE["gae"][0](x, backend="triton", **kw)
+    assert counts.c_replays == 2, f"{counts.c_replays} calls made in C"
+    fresh = make_rollout((64, 50, 1), seed=9)
+    for k, v in x.items():
+        v.copy_(fresh[k])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_identical("captured", captured, _plain(monkeypatch, lambda: TABLE["gae"][0](x, backend="triton", **kw)))
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

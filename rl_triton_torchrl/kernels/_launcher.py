@@ -509,6 +509,15 @@ def _driver_launch():
     return _LIBCUDA[0] if _LIBCUDA else None
 
 
+def launch_address() -> int | None:
+    """The address of the ``cuLaunchKernel`` native launches call (for ``_fastcall``'s C calls), or None."""
+    fn = _driver_launch()
+    try:
+        return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):  # not a C function (a stand-in in the tests)
+        return None
+
+
 def _driver_error(code: int) -> str:
     text = ctypes.c_char_p()
     if _LIBCUDA and _LIBCUDA[1] is not None and _LIBCUDA[1](code, ctypes.byref(text)) == 0 and text.value:

@@ -26,6 +26,10 @@ signature runs unrecorded from then on. A nested replayable call (``eligibility_
 ``REPLAY = False`` (``RL_TRITON_TORCHRL_REPLAY=0``) turns it off; it is off where no kernel can launch (a CPU-only
 build of torch outside Triton's interpreter).
 
+Where the C extension ``_fastcall`` is loaded (built on first use; a GPU), it computes the signature and makes the
+calls of entries that launch natively with no buffer allocated per call (``Entry.fast``) in one C function; the
+rest, and every call where it is not loaded, take the Python path of this module.
+
 H200 host, 4096 x 128 float32, bare calls back to back (``benchmarks/results/h200/host_floor.md``): GAE 32.9 -> 23.5
 µs, ``retrace_discrete`` 75.5 -> 27.5 µs, every algorithm 1.3-2.7x less host time.
 """
@@ -39,7 +43,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["RECORDINGS", "REPLAY", "Entry", "note_launch", "note_value_check", "recording", "replayable", "signature"]
+__all__ = ["RECORDINGS", "REPLAY", "Entry", "adopt", "note_launch", "note_value_check", "recording", "replayable", "signature"]
 
 REPLAY = os.environ.get("RL_TRITON_TORCHRL_REPLAY", "1") != "0" and (
     torch.backends.cuda.is_built() or os.environ.get("TRITON_INTERPRET") == "1")
@@ -53,7 +57,9 @@ _TENSOR = torch.Tensor
 _SCALARS = frozenset({float, int, bool, str, type(None)})
 _DATA_PTR = torch.Tensor.data_ptr
 _local = threading.local()  # .recordings: the stack of this thread's recordings (outermost first)
-_getenv = _BACKEND_ENV = _config_key = _new_outputs = None  # bound at the first call (``_bind``)
+_getenv = _BACKEND_ENV = _config_key = _new_outputs = _output_like = _launcher = None  # bound by ``_bind``
+_FAST = None  # the C extension (``_fastcall``) once adopted by a caller's thread (``_adopt``)
+_READY = None  # the C extension once loaded (``adopt``), not yet adopted
 
 
 class _Recording:
@@ -100,10 +106,43 @@ def _state() -> tuple:
 
 def _bind() -> None:
     """Binds what ``_state`` and ``Entry`` use of the modules that import this one (once, at the first call)."""
-    global _getenv, _BACKEND_ENV, _config_key, _new_outputs
-    from . import _utils, scan
+    global _getenv, _BACKEND_ENV, _config_key, _new_outputs, _output_like, _launcher
+    from . import _launcher, _utils, scan
     _getenv, _BACKEND_ENV, _config_key, _new_outputs = _utils.getenv, _utils.BACKEND_ENV, scan._config_key, \
         scan.new_outputs
+    _output_like = scan._output_like
+
+
+def adopt(module) -> None:
+    """The C extension is loaded (by any thread): the next call of a caller's thread adopts it (``_adopt``)."""
+    global _READY
+    _READY = module
+
+
+def _adopt() -> None:
+    """Makes the calls through the C extension from now on, and gives it the entries recorded before."""
+    global _FAST, _READY
+    _FAST, _READY = _READY, None
+    for key, entry in list(_ENTRIES.items()):
+        if type(entry) is Entry and entry.fast is None:
+            _ENTRIES[key] = _with_fast(entry)
+
+
+def _with_fast(entry: Entry) -> Entry:
+    """``entry`` with its ``FastEntry`` where the C extension can make its calls (a native launch with no buffer
+    allocated per call, outputs allocated as ``new_outputs`` allocates them), else ``entry``."""
+    plan = entry.plan
+    if plan.native is None or plan.numbers_as_tensors or plan.final_state or plan.lookback is not None:
+        return entry
+    from . import _fastcall
+    _fastcall.start()
+    if _fastcall.loaded() is None:
+        return entry
+    address, like = _launcher.launch_address(), _output_like(entry.layout)
+    if address is None or like is None or (
+            torch.empty_like(like).stride() != torch.empty_like(like, memory_format=torch.contiguous_format).stride()):
+        return entry  # (the extension allocates as torch.empty_like(like): contiguous but where every size is 1)
+    return entry._replace(fast=_fastcall.fast_entry(entry, address, _launcher.driver.active.get_current_stream, like))
 
 
 def signature(fn, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
@@ -140,6 +179,7 @@ class Entry(NamedTuple):
     tail: tuple  # likewise after them (tensor coefficients, the initial state)
     cvals: tuple  # the coefficients' values (numbers, the same in every call of the signature)
     result: object  # an int: that output; -1: the final state; a tuple of those: a tuple
+    fast: object = None  # the same call made by the C extension (``_with_fast``), or None
 
     def replay(self, ptrs: list):
         """The call's result, or None where the plan did not launch (the caller then runs the plain way)."""
@@ -195,7 +235,8 @@ def _entry(rec: _Recording, args: tuple, kwargs: dict, ptrs: list, result) -> En
     if settings is None or index is not None and settings[0] != index:  # launched under another current device
         return None
     cvals = tuple(c if type(c) is float else None for c in cvals)  # a tensor's pointer is one of the sources
-    return Entry(plan, layout, settings, len(outputs), tuple(sources[:n_head]), tuple(sources[n_head:]), cvals, refs)
+    return _with_fast(Entry(plan, layout, settings, len(outputs), tuple(sources[:n_head]), tuple(sources[n_head:]),
+                            cvals, refs))
 
 
 def _extent(x: torch.Tensor) -> int:
@@ -212,9 +253,17 @@ def replayable(fn):
     def call(*args, **kwargs):
         if not REPLAY or torch.compiler.is_compiling():
             return fn(*args, **kwargs)
-        if _getenv is None:
-            _bind()
-        sig = signature(call, args, kwargs)
+        if _FAST is not None:
+            made, key, ptrs = _FAST.call(_ENTRIES, call, args, kwargs)
+            if made:
+                return key  # (the result)
+            sig = None if key is None else (key, ptrs)
+        else:
+            if _getenv is None:
+                _bind()
+            if _READY is not None:
+                _adopt()
+            sig = signature(call, args, kwargs)
         if sig is None:
             return fn(*args, **kwargs)
         key, ptrs = sig

@@ -1,0 +1,180 @@
+"""Call replay in C: ``_fastcall.c``, compiled on first use the way Triton compiles its own launchers.
+
+A replayed call (``_replay``) spends most of its host time in Python: the signature's attribute reads and tuples,
+the launcher's settings, two output allocations, and ``cuLaunchKernel`` through ctypes. ``_fastcall.c`` does the
+same in one C function, ``call``: it computes the signature (the same key, the same dictionary of entries), and for
+an entry whose launch it can make (``fast_entry``: a native launch with no buffer allocated per call) it compares
+the launcher's settings, allocates the outputs, writes their pointers and the call's into the entry's own parameter
+buffer and calls the driver. Anything else it hands back to ``_replay``'s Python path with the signature computed.
+
+The module is compiled with the C compiler Triton uses (``$CC``, else ``cc``, ``gcc`` or ``clang``) against this
+Python's headers into ``$RL_TRITON_TORCHRL_CACHE_DIR`` (default ``~/.cache/rl_triton_torchrl``), once per source
+and Python version, in a daemon thread started by the first recorded call that launched natively (a GPU); calls
+replay in Python until it is loaded, and where it cannot be built (no compiler, no headers, not Linux) or
+``RL_TRITON_TORCHRL_FASTCALL=0``, always. ``status()`` says which.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+__all__ = ["ENABLED", "fast_entry", "load", "loaded", "start", "status"]
+
+ENABLED = os.environ.get("RL_TRITON_TORCHRL_FASTCALL", "1") != "0" and sys.platform.startswith("linux")
+SOURCE = Path(__file__).with_name("_fastcall.c")
+_NAME = "_fastcall_ext"
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_module = None  # the loaded extension, configured
+_error: str | None = None  # why it was not built or loaded
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("RL_TRITON_TORCHRL_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rl_triton_torchrl"
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc)
+    return next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+
+
+def _target() -> Path:
+    """Where the extension of this source and this Python lies, once built."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode() + sys.platform.encode()).hexdigest()[:16]
+    return _cache_dir() / f"{_NAME}_{digest}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+
+
+def _build(target: Path) -> None:
+    cc = _compiler()
+    include = sysconfig.get_paths()["include"]
+    if cc is None or not Path(include, "Python.h").exists():
+        raise RuntimeError("no C compiler" if cc is None else f"no Python.h in {include}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-I", include, str(SOURCE), "-o", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(out, target)  # whole or not at all, for a process building it beside this one
+
+
+def _load_from(target: Path):
+    loader = importlib.machinery.ExtensionFileLoader(_NAME, str(target))
+    spec = importlib.util.spec_from_file_location(_NAME, target, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _load_or_build() -> None:
+    global _module, _error
+    try:
+        target = _target()
+        if not target.exists():
+            _build(target)
+        module = _load_from(target)
+        from . import _replay, scan
+        _replay._bind()  # (what its _state reads)
+        module.configure(_replay._TENSOR, _replay._state, _replay._local, scan, _replay.Entry._fields.index("fast"))
+        _module = module
+        _replay.adopt(module)
+    except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, and says why
+        _error = f"{type(e).__name__}: {e}"
+
+
+def start() -> None:
+    """Loads the extension, at once if it is built, else in a daemon thread that builds it first (once)."""
+    global _thread
+    if not ENABLED or _module is not None or _error is not None or _thread is not None:
+        return
+    with _lock:
+        if _thread is not None:
+            return
+        try:
+            built = _target().exists()
+        except OSError:
+            built = False
+        if built:
+            _thread = threading.current_thread()
+            _load_or_build()
+            return
+        _thread = threading.Thread(target=_load_or_build, name="rl_triton_torchrl-fastcall", daemon=True)
+        _thread.start()
+
+
+def load(timeout: float | None = None):
+    """The loaded extension (``start``, then waiting for it), or None where it is not built or loaded."""
+    start()
+    thread = _thread
+    if thread is not None and thread is not threading.current_thread() and thread.is_alive():
+        thread.join(timeout)
+    return _module
+
+
+def loaded():
+    """The extension if it is loaded, else None (without starting anything)."""
+    return _module
+
+
+def status() -> str:
+    """Which path replays calls, and why."""
+    if _module is not None:
+        return f"C ({_target()})"
+    if not ENABLED:
+        return "Python (RL_TRITON_TORCHRL_FASTCALL=0, or not Linux)"
+    if _error is not None:
+        return f"Python (the C module could not be built or loaded: {_error})"
+    return "Python (the C module is being built)" if _thread is not None else "Python (no native launch yet)"
+
+
+def _join() -> None:
+    thread = _thread
+    if thread is not None and thread is not threading.current_thread() and thread.is_alive():
+        thread.join()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_join)
+
+
+def fast_entry(entry, launch_address: int, stream_fn, like):
+    """The ``FastEntry`` of an ``_replay.Entry`` whose plan launches natively with no buffers allocated per call,
+    on ``cuLaunchKernel`` at ``launch_address``, the stream of ``stream_fn(device)`` and outputs
+    ``torch.empty_like(like)``; None where the extension is not loaded."""
+    module = _module
+    if module is None:
+        return None
+    import torch
+
+    plan = entry.plan
+    prepared = plan.native
+    numbers = [c if abs(c) >= _tiny() else 0.0 for c in map(entry.cvals.__getitem__, plan.numbers)]
+    n_ptrs = len(entry.head) + entry.n_outputs + len(entry.tail)
+    buffer = bytearray(prepared.buffer.raw)
+    prepared.pack(buffer, 0, *[0] * n_ptrs, *numbers)
+    base = ctypes.addressof(prepared.buffer)
+    offsets = tuple(p - base for p in prepared.params[:len(prepared.params)])
+    return module.FastEntry(launch_address, prepared.function, prepared.grid, prepared.block, prepared.shared,
+                            bytes(buffer), offsets, entry.head, entry.n_outputs, entry.tail, like, torch.empty_like,
+                            plan.lean.settings, entry.settings, stream_fn, entry.settings[0], entry.result)
+
+
+def _tiny() -> float:
+    from . import scan
+    return scan._FLOAT32_TINY
