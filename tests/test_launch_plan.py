@@ -525,23 +525,19 @@ def test_failed_native_replay_launches_plainly(code, native_stand_ins, monkeypat
     assert len([w for w in caught if "replayed launch failed" in str(w.message)]) == (code != _launcher.NO_CONTEXT)
 
 
-# the cases whose plans allocate a buffer per call (a final state, a look-back status, float64 numbers as tensors):
-# replayed in Python, not in C
-BUFFERED_CASES = ("states", "look-back", "float64", "states-float64")
-
-
 @needs_interpreter
 @pytest.mark.parametrize("algo,case", NATIVE_CASES)
 def test_c_replay_equals_plain(algo, case, c_stand_ins, monkeypatch):
-    """Calls made whole by the C extension: its signature finds the entry, its launch passes what Triton's does,
-    bit for bit the plain path's outputs; calls that allocate buffers are replayed in Python."""
+    """Calls made whole by the C extension: its signature finds the entry, its launch passes what Triton's does
+    (the per-call buffers included: a final state, look-back status words, float64 numbers), bit for bit the plain
+    path's outputs."""
     rollout, extra, patches = CASES[case]
     for name, value in patches.items():
         monkeypatch.setattr(scan, name, value)
     x = make_rollout(**{"shape": (3, 20, 2), **rollout})
     before = c_stand_ins.c_replays
     _replays_equal_plain(monkeypatch, c_stand_ins, algo, x, extra(x), call_replays=0 if algo in VALUE_CHECKED else 2)
-    in_c = 0 if algo in VALUE_CHECKED or case in BUFFERED_CASES else 2
+    in_c = 0 if algo in VALUE_CHECKED else 2
     assert c_stand_ins.c_replays - before == in_c, f"{algo}: {c_stand_ins.c_replays - before} calls made in C"
 
 
@@ -1160,13 +1156,12 @@ def _with_c_extension(monkeypatch) -> None:
 @pytest.mark.parametrize("case", ["contig", "time-major", "states", "float64"])
 @pytest.mark.parametrize("algo", list(TABLE))
 def test_gpu_c_call_replay_equals_plain(algo, case, monkeypatch, plans):
-    """With the C extension, calls without per-call buffers are made in C and the others replayed in Python, every
-    one bit for bit the plain path's."""
+    """With the C extension every call after the first is made in C, bit for bit the plain path's."""
     _with_c_extension(monkeypatch)
     counts = _count_call_replays(monkeypatch)
     _gpu_calls_equal_plain(algo, case, monkeypatch)
     assert counts.calls_replayed == 2, f"{algo}: {counts.calls_replayed} of 3 calls replayed whole"
-    assert counts.c_replays == (0 if case in BUFFERED_CASES else 2), f"{algo}: {counts.c_replays} made in C"
+    assert counts.c_replays == 2, f"{algo}: {counts.c_replays} of 3 calls made in C"
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")

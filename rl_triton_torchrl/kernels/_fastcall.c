@@ -38,7 +38,8 @@ typedef struct {
     void **params;  /* one pointer into buffer per kernel parameter */
     Py_ssize_t n_head, n_outputs, n_tail;
     Source *sources; /* n_head, then n_tail */
-    PyObject *like, *empty_like, *settings_fn, *settings, *stream_fn, *device, *result;
+    Py_ssize_t buffer_slot, final_at; /* the slot of the first buffer's pointer; the final state among them, or -1 */
+    PyObject *like, *empty_like, *settings_fn, *settings, *stream_fn, *device, *result, *makers, *state_shape;
 } FastEntry;
 
 static void fast_entry_dealloc(FastEntry *self) {
@@ -52,6 +53,8 @@ static void fast_entry_dealloc(FastEntry *self) {
     Py_XDECREF(self->stream_fn);
     Py_XDECREF(self->device);
     Py_XDECREF(self->result);
+    Py_XDECREF(self->makers);
+    Py_XDECREF(self->state_shape);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -71,25 +74,28 @@ static int read_sources(PyObject *seq, Source *out) {
 }
 
 /* FastEntry(launch, function, grid, block, shared, buffer, param_offsets, head, n_outputs, tail, like, empty_like,
-             settings_fn, settings, stream_fn, device, result)
+             settings_fn, settings, stream_fn, device, result, makers, buffer_slot, final_at, state_shape)
    launch: the address of cuLaunchKernel (or of a function of its type); buffer: bytes, the prepared parameters with
    the numbers in place; param_offsets: each parameter's byte offset in it; head / tail: (argument, byte offset) of
-   each pointer before / after the outputs'; result: an output's index, or a tuple of them. */
+   each pointer before / after the outputs'; result: an output's index (-1: the final state), or a tuple of them;
+   makers: a function per buffer allocated per call (_LaunchPlan.buffers), whose pointers go from slot buffer_slot
+   on; final_at: the final state's index among them (-1: none), returned reshaped to state_shape. */
 static PyObject *fast_entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     unsigned long long launch, function;
     unsigned gx, gy, gz, block, shared;
-    Py_ssize_t n_outputs;
+    Py_ssize_t n_outputs, buffer_slot, final_at;
     PyObject *buffer, *offsets, *head, *tail, *like, *empty_like, *settings_fn, *settings, *stream_fn, *device,
-        *result;
-    if (!PyArg_ParseTuple(args, "KK(III)IIO!O!O!nO!OOOOOOO", &launch, &function, &gx, &gy, &gz, &block, &shared,
-                          &PyBytes_Type, &buffer, &PyTuple_Type, &offsets, &PyTuple_Type, &head, &n_outputs,
+        *result, *makers, *state_shape;
+    if (!PyArg_ParseTuple(args, "KK(III)IIO!O!O!nO!OOOOOOOO!nnO", &launch, &function, &gx, &gy, &gz, &block,
+                          &shared, &PyBytes_Type, &buffer, &PyTuple_Type, &offsets, &PyTuple_Type, &head, &n_outputs,
                           &PyTuple_Type, &tail, &like, &empty_like, &settings_fn, &settings, &stream_fn, &device,
-                          &result))
+                          &result, &PyTuple_Type, &makers, &buffer_slot, &final_at, &state_shape))
         return NULL;
     Py_ssize_t n_ptrs = PyTuple_GET_SIZE(head) + n_outputs + PyTuple_GET_SIZE(tail);
-    Py_ssize_t size = PyBytes_GET_SIZE(buffer);
-    if (!launch || n_outputs < 0 || n_ptrs * 8 > size) {
-        PyErr_SetString(PyExc_ValueError, "no launch function, or more pointers than the buffer holds");
+    Py_ssize_t size = PyBytes_GET_SIZE(buffer), n_makers = PyTuple_GET_SIZE(makers);
+    if (!launch || n_outputs < 0 || n_ptrs * 8 > size || buffer_slot < n_ptrs || (buffer_slot + n_makers) * 8 > size ||
+        final_at >= n_makers || n_makers > 16) {
+        PyErr_SetString(PyExc_ValueError, "no launch function, or more pointers or buffers than the buffer holds");
         return NULL;
     }
     FastEntry *self = (FastEntry *)type->tp_alloc(type, 0);
@@ -105,9 +111,10 @@ static PyObject *fast_entry_new(PyTypeObject *type, PyObject *args, PyObject *kw
     self->params = PyMem_Malloc((n_params ? n_params : 1) * sizeof(void *));
     self->sources = PyMem_Malloc((self->n_head + self->n_tail + 1) * sizeof(Source));
     Py_INCREF(like), Py_INCREF(empty_like), Py_INCREF(settings_fn), Py_INCREF(settings), Py_INCREF(stream_fn);
-    Py_INCREF(device), Py_INCREF(result);
+    Py_INCREF(device), Py_INCREF(result), Py_INCREF(makers), Py_INCREF(state_shape);
     self->like = like, self->empty_like = empty_like, self->settings_fn = settings_fn, self->settings = settings;
-    self->stream_fn = stream_fn, self->device = device, self->result = result;
+    self->stream_fn = stream_fn, self->device = device, self->result = result, self->makers = makers;
+    self->state_shape = state_shape, self->buffer_slot = buffer_slot, self->final_at = final_at < 0 ? -1 : final_at;
     if (!self->buffer || !self->params || !self->sources) {
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -131,14 +138,15 @@ static PyObject *fast_entry_new(PyTypeObject *type, PyObject *args, PyObject *kw
     Py_ssize_t n_results = single ? 1 : PyTuple_Check(result) ? PyTuple_GET_SIZE(result) : -1;
     for (Py_ssize_t i = 0; i < n_results; i++) {
         Py_ssize_t r = PyLong_AsSsize_t(single ? result : PyTuple_GET_ITEM(result, i));
-        if (r < 0 || r >= n_outputs) {
+        if (r < (final_at < 0 ? 0 : -1) || r >= n_outputs) {
             n_results = -1;
             break;
         }
     }
     if (n_results < 0 || n_outputs > 16) {
         PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "the result is an output's index or a tuple of them (at most 16 outputs)");
+        PyErr_SetString(PyExc_ValueError, "the result is an output's index (-1: the final state) or a tuple of them "
+                                          "(at most 16 outputs)");
         Py_DECREF(self);
         return NULL;
     }
@@ -309,31 +317,30 @@ static PyObject *replay(FastEntry *e, PyObject *ptrs) {
             return NULL;
         slot[i < e->n_head ? i : i + e->n_outputs] = p + (unsigned long long)s.offset;
     }
-    PyObject *outs[16];
-    Py_ssize_t made = 0;
-    for (; made < e->n_outputs; made++) {
-        outs[made] = PyObject_CallOneArg(e->empty_like, e->like);
-        if (!outs[made])
+    PyObject *held[32]; /* the outputs, then the buffers: alive until launched (the outputs and the final state
+                           returned) */
+    Py_ssize_t made = 0, n_outputs = e->n_outputs, n_held = n_outputs + PyTuple_GET_SIZE(e->makers);
+    for (Py_ssize_t i = 0; i < n_held; i++) {
+        int output = i < n_outputs;
+        PyObject *t = output ? PyObject_CallOneArg(e->empty_like, e->like)
+                             : PyObject_CallNoArgs(PyTuple_GET_ITEM(e->makers, i - n_outputs));
+        if (!t)
             goto fail;
-        if (poisoned) {
-            PyObject *filled = PyObject_CallMethod(outs[made], "fill_", "(d)", Py_NAN);
-            if (!filled) {
-                made++;
+        held[made++] = t;
+        if (output && poisoned) {
+            PyObject *filled = PyObject_CallMethod(t, "fill_", "(d)", Py_NAN);
+            if (!filled)
                 goto fail;
-            }
             Py_DECREF(filled);
         }
-        PyObject *p = PyObject_CallMethodNoArgs(outs[made], s_data_ptr);
-        if (!p) {
-            made++;
+        PyObject *p = PyObject_CallMethodNoArgs(t, s_data_ptr);
+        if (!p)
             goto fail;
-        }
-        slot[e->n_head + made] = as_pointer(p);
+        unsigned long long ptr = as_pointer(p);
         Py_DECREF(p);
-        if (PyErr_Occurred()) {
-            made++;
-            goto fail;
-        }
+        if (PyErr_Occurred() || (!output && (ptr & 15)))
+            goto fail; /* (a misaligned buffer: the caller's launch finds it misaligned too, and launches plainly) */
+        slot[output ? e->n_head + i : e->buffer_slot + i - n_outputs] = ptr;
     }
     PyObject *stream = PyObject_CallOneArg(e->stream_fn, e->device);
     if (!stream)
@@ -345,24 +352,35 @@ static PyObject *replay(FastEntry *e, PyObject *ptrs) {
     if (e->launch(e->function, e->grid[0], e->grid[1], e->grid[2], e->block, 1, 1, e->shared,
                   (void *)(uintptr_t)handle, e->params, NULL))
         goto fail; /* not launched: the caller's launch reports the driver's error */
-    PyObject *result;
-    if (PyLong_Check(e->result)) {
-        result = Py_NewRef(outs[PyLong_AsSsize_t(e->result)]);
-    } else {
-        Py_ssize_t n = PyTuple_GET_SIZE(e->result);
-        result = PyTuple_New(n);
-        if (!result)
+    PyObject *final = NULL;
+    if (e->final_at >= 0) {
+        final = PyObject_CallMethod(held[n_outputs + e->final_at], "reshape", "(O)", e->state_shape);
+        if (!final)
             goto fail;
-        for (Py_ssize_t i = 0; i < n; i++)
-            PyTuple_SET_ITEM(result, i, Py_NewRef(outs[PyLong_AsSsize_t(PyTuple_GET_ITEM(e->result, i))]));
     }
+    int single = PyLong_Check(e->result);
+    Py_ssize_t n = single ? 1 : PyTuple_GET_SIZE(e->result);
+    PyObject *result = single ? NULL : PyTuple_New(n);
+    if (!single && !result) {
+        Py_XDECREF(final);
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t r = PyLong_AsSsize_t(single ? e->result : PyTuple_GET_ITEM(e->result, i));
+        PyObject *item = Py_NewRef(r < 0 ? final : held[r]);
+        if (single)
+            result = item;
+        else
+            PyTuple_SET_ITEM(result, i, item);
+    }
+    Py_XDECREF(final);
     for (Py_ssize_t i = 0; i < made; i++)
-        Py_DECREF(outs[i]);
+        Py_DECREF(held[i]);
     hits++;
     return result;
 fail:
     for (Py_ssize_t i = 0; i < made; i++)
-        Py_XDECREF(outs[i]);
+        Py_XDECREF(held[i]);
     return NULL;
 }
 

@@ -154,25 +154,28 @@ if hasattr(os, "register_at_fork"):
 
 
 def fast_entry(entry, launch_address: int, stream_fn, like):
-    """The ``FastEntry`` of an ``_replay.Entry`` whose plan launches natively with no buffers allocated per call,
-    on ``cuLaunchKernel`` at ``launch_address``, the stream of ``stream_fn(device)`` and outputs
-    ``torch.empty_like(like)``; None where the extension is not loaded."""
+    """The ``FastEntry`` of an ``_replay.Entry`` whose plan launches natively, on ``cuLaunchKernel`` at
+    ``launch_address``, the stream of ``stream_fn(device)``, outputs ``torch.empty_like(like)`` and the buffers of
+    ``_LaunchPlan.buffers``; None where the extension is not loaded."""
     module = _module
     if module is None:
         return None
     import torch
 
-    plan = entry.plan
+    plan, layout = entry.plan, entry.layout
     prepared = plan.native
-    numbers = [c if abs(c) >= _tiny() else 0.0 for c in map(entry.cvals.__getitem__, plan.numbers)]
+    makers, at = plan.buffers(layout, entry.cvals)
+    numbers = [] if plan.numbers_as_tensors else [c if abs(c) >= _tiny() else 0.0
+                                                  for c in map(entry.cvals.__getitem__, plan.numbers)]
     n_ptrs = len(entry.head) + entry.n_outputs + len(entry.tail)
     buffer = bytearray(prepared.buffer.raw)
-    prepared.pack(buffer, 0, *[0] * n_ptrs, *numbers)
+    prepared.pack(buffer, 0, *[0] * n_ptrs, *numbers, *[0] * len(makers))
     base = ctypes.addressof(prepared.buffer)
-    offsets = tuple(p - base for p in prepared.params[:len(prepared.params)])
+    offsets = tuple(p - base for p in prepared.params)
     return module.FastEntry(launch_address, prepared.function, prepared.grid, prepared.block, prepared.shared,
                             bytes(buffer), offsets, entry.head, entry.n_outputs, entry.tail, like, torch.empty_like,
-                            plan.lean.settings, entry.settings, stream_fn, entry.settings[0], entry.result)
+                            plan.lean.settings, entry.settings, stream_fn, entry.settings[0], entry.result, makers,
+                            n_ptrs + len(numbers), -1 if at is None else at, tuple(layout.state_shape))
 
 
 def _tiny() -> float:

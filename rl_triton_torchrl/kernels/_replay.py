@@ -27,8 +27,8 @@ signature runs unrecorded from then on. A nested replayable call (``eligibility_
 build of torch outside Triton's interpreter).
 
 Where the C extension ``_fastcall`` is loaded (built on first use; a GPU), it computes the signature and makes the
-calls of entries that launch natively with no buffer allocated per call (``Entry.fast``) in one C function; the
-rest, and every call where it is not loaded, take the Python path of this module.
+calls of entries that launch natively (``Entry.fast``) in one C function; the rest, and every call where it is not
+loaded, take the Python path of this module.
 
 H200 host, 4096 x 128 float32, bare calls back to back (``benchmarks/results/h200/host_floor.md``): GAE 32.9 -> 23.5
 µs, ``retrace_discrete`` 75.5 -> 27.5 µs, every algorithm 1.3-2.7x less host time.
@@ -129,10 +129,9 @@ def _adopt() -> None:
 
 
 def _with_fast(entry: Entry) -> Entry:
-    """``entry`` with its ``FastEntry`` where the C extension can make its calls (a native launch with no buffer
-    allocated per call, outputs allocated as ``new_outputs`` allocates them), else ``entry``."""
-    plan = entry.plan
-    if plan.native is None or plan.numbers_as_tensors or plan.final_state or plan.lookback is not None:
+    """``entry`` with its ``FastEntry`` where the C extension can make its calls (a native launch, outputs allocated
+    as ``new_outputs`` allocates them), else ``entry``."""
+    if entry.plan.native is None:
         return entry
     from . import _fastcall
     _fastcall.start()

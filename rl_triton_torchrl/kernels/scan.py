@@ -1003,6 +1003,21 @@ class _LaunchPlan(NamedTuple):
                    tuple(i for i, _ in numbers), any(as_tensor for _, as_tensor in numbers),
                    kwargs["ht_ptr"] is not None, None if lb is None else lb.numel(), prepared)
 
+    def buffers(self, layout: Layout, cvals: tuple) -> tuple[tuple, int | None]:
+        """What each launch allocates, in the order of its parameters after the numbers: a function making each
+        buffer (the float coefficients as float64 tensors, the final-state output, the zeroed look-back status
+        words), and the index of the final state among them (None without one)."""
+        device = layout.device
+        makers = [functools.partial(torch.full, (), cvals[i], dtype=torch.float64, device=device)
+                  for i in self.numbers] if self.numbers_as_tensors else []
+        at = None
+        if self.final_state:
+            at = len(makers)
+            makers.append(functools.partial(_final_state_buffer, layout))
+        if self.lookback is not None:
+            makers.append(functools.partial(torch.zeros, self.lookback, dtype=torch.int64, device=device))
+        return tuple(makers), at
+
     def launch(self, device: int, layout: Layout, ptrs: tuple, cvals: tuple) -> tuple[bool, torch.Tensor | None]:
         """Replays the launch with these pointers and coefficients: (launched, the final state or None). Not
         launched where a buffer allocated here is misaligned (the caller then launches the plain way)."""
@@ -1013,18 +1028,11 @@ class _LaunchPlan(NamedTuple):
             else:
                 replay(self.compiled, self.grid, device, self.order((*ptrs, *numbers, *self.fixed)))
             return True, None
-        numbers = [cvals[i] for i in self.numbers]
-        keep = []  # the buffers allocated here, alive until launched
-        if self.numbers_as_tensors:
-            keep += [torch.full((), c, dtype=torch.float64, device=layout.device) for c in numbers]
-            numbers = []
-        else:
-            numbers = [0.0 if abs(c) < _FLOAT32_TINY else c for c in numbers]
-        ht = _final_state_buffer(layout) if self.final_state else None
-        if ht is not None:
-            keep.append(ht)
-        if self.lookback is not None:
-            keep.append(torch.zeros(self.lookback, dtype=torch.int64, device=layout.device))
+        makers, at = self.buffers(layout, cvals)
+        keep = [make() for make in makers]  # the buffers allocated here, alive until launched
+        ht = None if at is None else keep[at]
+        numbers = [] if self.numbers_as_tensors else [0.0 if abs(c) < _FLOAT32_TINY else c
+                                                      for c in map(cvals.__getitem__, self.numbers)]
         buffers = tuple(map(_DATA_PTR, keep))
         if any(map((15).__and__, buffers)):
             return False, None
