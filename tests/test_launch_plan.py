@@ -610,6 +610,27 @@ def test_c_replay_declines_to_python(change, c_stand_ins, monkeypatch):
         "not launched through Triton's launcher"
 
 
+@needs_interpreter
+def test_c_extension_adopts_earlier_entries(c_stand_ins, monkeypatch):
+    """Entries recorded before the extension was loaded (its thread still building) are made in C once a caller's
+    thread adopts it, at its next call."""
+    module = _replay._FAST
+    for name in ("_FAST", "_READY"):
+        monkeypatch.setattr(_replay, name, None)
+    monkeypatch.setattr(_fastcall, "_module", None)  # not loaded yet: the entry gets no FastEntry
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    expected = _plain(monkeypatch, lambda: call(x, backend="triton", **coefs))
+    call(x, backend="triton", **coefs)  # records the entry
+    assert all(e.fast is None for e in _replay._ENTRIES.values() if type(e) is _replay.Entry)
+    monkeypatch.setattr(_fastcall, "_module", module)
+    _replay.adopt(module)  # (what the thread does once loaded)
+    assert_identical("adopting", call(x, backend="triton", **coefs), expected)  # adopts, replays in Python
+    before = c_stand_ins.c_replays
+    assert_identical("made in C", call(x, backend="triton", **coefs), expected)
+    assert c_stand_ins.c_replays == before + 1 and _replay._FAST is module and _replay._READY is None
+
+
 @pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
 def test_c_signature_is_pythons():
     """The C extension's signature of a call is ``_replay.signature``'s: the same key and pointers, and None for the

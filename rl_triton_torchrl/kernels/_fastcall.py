@@ -9,9 +9,9 @@ buffer and calls the driver. Anything else it hands back to ``_replay``'s Python
 
 The module is compiled with the C compiler Triton uses (``$CC``, else ``cc``, ``gcc`` or ``clang``) against this
 Python's headers into ``$RL_TRITON_TORCHRL_CACHE_DIR`` (default ``~/.cache/rl_triton_torchrl``), once per source
-and Python version, in a daemon thread started by the first recorded call that launched natively (a GPU); calls
-replay in Python until it is loaded, and where it cannot be built (no compiler, no headers, not Linux) or
-``RL_TRITON_TORCHRL_FASTCALL=0``, always. ``status()`` says which.
+and Python version, and loaded, in a daemon thread started by the first recorded call that launched natively (a
+GPU); calls replay in Python until it is loaded, and where it cannot be built (no compiler, no headers, not Linux)
+or ``RL_TRITON_TORCHRL_FASTCALL=0``, always. ``status()`` says which.
 """
 from __future__ import annotations
 
@@ -99,23 +99,15 @@ def _load_or_build() -> None:
 
 
 def start() -> None:
-    """Loads the extension, at once if it is built, else in a daemon thread that builds it first (once)."""
+    """Loads the extension in a daemon thread (once), building it first where it is not built: the call that starts
+    it pays nothing, and a later call of a caller's thread adopts it (``_replay.adopt``)."""
     global _thread
-    if not ENABLED or _module is not None or _error is not None or _thread is not None:
+    if not ENABLED or _thread is not None:
         return
     with _lock:
-        if _thread is not None:
-            return
-        try:
-            built = _target().exists()
-        except OSError:
-            built = False
-        if built:
-            _thread = threading.current_thread()
-            _load_or_build()
-            return
-        _thread = threading.Thread(target=_load_or_build, name="rl_triton_torchrl-fastcall", daemon=True)
-        _thread.start()
+        if _thread is None:
+            _thread = threading.Thread(target=_load_or_build, name="rl_triton_torchrl-fastcall", daemon=True)
+            _thread.start()
 
 
 def load(timeout: float | None = None):
@@ -140,7 +132,7 @@ def status() -> str:
         return "Python (RL_TRITON_TORCHRL_FASTCALL=0, or not Linux)"
     if _error is not None:
         return f"Python (the C module could not be built or loaded: {_error})"
-    return "Python (the C module is being built)" if _thread is not None else "Python (no native launch yet)"
+    return "Python (the C module is being built or loaded)" if _thread is not None else "Python (no native launch yet)"
 
 
 def _join() -> None:
