@@ -21,6 +21,9 @@ static PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_device, *s_requir
 /* set by configure(): torch.Tensor, _replay._state, _replay._local, the scan module, Entry's index of its FastEntry */
 static PyObject *tensor_type, *state_fn, *local_obj, *scan_module;
 static Py_ssize_t fast_index = -1;
+#define MAX_POINTERS 64 /* per-call pointers of one launch: its tensor arguments' and its outputs' */
+#define MAX_OUTPUTS 16
+#define MAX_BUFFERS 16
 static unsigned long long hits;
 static PyTypeObject FastEntryType;
 
@@ -94,8 +97,9 @@ static PyObject *fast_entry_new(PyTypeObject *type, PyObject *args, PyObject *kw
     Py_ssize_t n_ptrs = PyTuple_GET_SIZE(head) + n_outputs + PyTuple_GET_SIZE(tail);
     Py_ssize_t size = PyBytes_GET_SIZE(buffer), n_makers = PyTuple_GET_SIZE(makers);
     if (!launch || n_outputs < 0 || n_ptrs * 8 > size || buffer_slot < n_ptrs || (buffer_slot + n_makers) * 8 > size ||
-        final_at >= n_makers || n_makers > 16) {
-        PyErr_SetString(PyExc_ValueError, "no launch function, or more pointers or buffers than the buffer holds");
+        final_at >= n_makers || n_makers > MAX_BUFFERS || n_ptrs > MAX_POINTERS || n_outputs > MAX_OUTPUTS) {
+        PyErr_SetString(PyExc_ValueError, "no launch function, or more pointers, outputs or buffers than the buffer "
+                                          "(or this module) holds");
         return NULL;
     }
     FastEntry *self = (FastEntry *)type->tp_alloc(type, 0);
@@ -143,10 +147,9 @@ static PyObject *fast_entry_new(PyTypeObject *type, PyObject *args, PyObject *kw
             break;
         }
     }
-    if (n_results < 0 || n_outputs > 16) {
+    if (n_results < 0) {
         PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "the result is an output's index (-1: the final state) or a tuple of them "
-                                          "(at most 16 outputs)");
+        PyErr_SetString(PyExc_ValueError, "the result is an output's index (-1: the final state) or a tuple of them");
         Py_DECREF(self);
         return NULL;
     }
@@ -307,7 +310,9 @@ static PyObject *replay(FastEntry *e, PyObject *ptrs) {
     if (same != 1)
         return NULL;
     Py_ssize_t n_ptrs = PyList_GET_SIZE(ptrs);
-    unsigned long long *slot = (unsigned long long *)e->buffer;
+    /* the per-call pointers, written into the entry's buffer only right before the launch, with no Python call
+       in between: no other thread can run (and write the same buffer) between the writes and the driver's copy */
+    unsigned long long values[MAX_POINTERS], buffers[MAX_BUFFERS];
     for (Py_ssize_t i = 0; i < e->n_head + e->n_tail; i++) {
         Source s = e->sources[i];
         if (s.arg >= n_ptrs)
@@ -315,10 +320,10 @@ static PyObject *replay(FastEntry *e, PyObject *ptrs) {
         unsigned long long p = as_pointer(PyList_GET_ITEM(ptrs, s.arg));
         if (PyErr_Occurred())
             return NULL;
-        slot[i < e->n_head ? i : i + e->n_outputs] = p + (unsigned long long)s.offset;
+        values[i < e->n_head ? i : i + e->n_outputs] = p + (unsigned long long)s.offset;
     }
-    PyObject *held[32]; /* the outputs, then the buffers: alive until launched (the outputs and the final state
-                           returned) */
+    PyObject *held[MAX_OUTPUTS + MAX_BUFFERS]; /* the outputs, then the buffers: alive until launched (the outputs
+                                                  and the final state returned) */
     Py_ssize_t made = 0, n_outputs = e->n_outputs, n_held = n_outputs + PyTuple_GET_SIZE(e->makers);
     for (Py_ssize_t i = 0; i < n_held; i++) {
         int output = i < n_outputs;
@@ -340,7 +345,10 @@ static PyObject *replay(FastEntry *e, PyObject *ptrs) {
         Py_DECREF(p);
         if (PyErr_Occurred() || (!output && (ptr & 15)))
             goto fail; /* (a misaligned buffer: the caller's launch finds it misaligned too, and launches plainly) */
-        slot[output ? e->n_head + i : e->buffer_slot + i - n_outputs] = ptr;
+        if (output)
+            values[e->n_head + i] = ptr;
+        else
+            buffers[i - n_outputs] = ptr;
     }
     PyObject *stream = PyObject_CallOneArg(e->stream_fn, e->device);
     if (!stream)
@@ -349,6 +357,8 @@ static PyObject *replay(FastEntry *e, PyObject *ptrs) {
     Py_DECREF(stream);
     if (PyErr_Occurred())
         goto fail;
+    memcpy(e->buffer, values, (e->n_head + n_outputs + e->n_tail) * sizeof(unsigned long long));
+    memcpy(e->buffer + e->buffer_slot * 8, buffers, (n_held - n_outputs) * sizeof(unsigned long long));
     if (e->launch(e->function, e->grid[0], e->grid[1], e->grid[2], e->block, 1, 1, e->shared,
                   (void *)(uintptr_t)handle, e->params, NULL))
         goto fail; /* not launched: the caller's launch reports the driver's error */
