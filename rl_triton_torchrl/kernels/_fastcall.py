@@ -9,24 +9,18 @@ buffer and calls the driver. Anything else it hands back to ``_replay``'s Python
 
 The module is compiled with the C compiler Triton uses (``$CC``, else ``cc``, ``gcc`` or ``clang``) against this
 Python's headers into ``$RL_TRITON_TORCHRL_CACHE_DIR`` (default ``~/.cache/rl_triton_torchrl``), once per source
-and Python version, and loaded, in a daemon thread started by the first recorded call that launched natively (a
-GPU); calls replay in Python until it is loaded, and where it cannot be built (no compiler, no headers, not Linux)
+and Python version, and loaded, in a daemon thread started by the first call replayed in Python that launched
+natively (a GPU; the first call of a signature records it); calls replay in Python until it is loaded, and where it cannot be built (no compiler, no headers, not Linux)
 or ``RL_TRITON_TORCHRL_FASTCALL=0``, always. ``status()`` says which.
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import importlib.machinery
-import importlib.util
 import os
-import shutil
-import subprocess
 import sys
-import sysconfig
-import tempfile
 import threading
 from pathlib import Path
+
+# (what building and loading need is imported in their thread: a process's first calls import nothing)
 
 __all__ = ["ENABLED", "fast_entry", "load", "loaded", "start", "status"]
 
@@ -47,6 +41,8 @@ def _cache_dir() -> Path:
 
 
 def _compiler() -> str | None:
+    import shutil
+
     cc = os.environ.get("CC")
     if cc:
         return shutil.which(cc)
@@ -55,11 +51,18 @@ def _compiler() -> str | None:
 
 def _target() -> Path:
     """Where the extension of this source and this Python lies, once built."""
+    import hashlib
+    import sysconfig
+
     digest = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode() + sys.platform.encode()).hexdigest()[:16]
     return _cache_dir() / f"{_NAME}_{digest}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
 
 
 def _build(target: Path) -> None:
+    import subprocess
+    import sysconfig
+    import tempfile
+
     cc = _compiler()
     include = sysconfig.get_paths()["include"]
     if cc is None or not Path(include, "Python.h").exists():
@@ -75,6 +78,9 @@ def _build(target: Path) -> None:
 
 
 def _load_from(target: Path):
+    import importlib.machinery
+    import importlib.util
+
     loader = importlib.machinery.ExtensionFileLoader(_NAME, str(target))
     spec = importlib.util.spec_from_file_location(_NAME, target, loader=loader)
     module = importlib.util.module_from_spec(spec)
@@ -100,7 +106,8 @@ def _load_or_build() -> None:
 
 def start() -> None:
     """Loads the extension in a daemon thread (once), building it first where it is not built: the call that starts
-    it pays nothing, and a later call of a caller's thread adopts it (``_replay.adopt``)."""
+    it (``_replay``: the first call replayed in Python) pays nothing, and a later call of a caller's thread adopts it
+    (``_replay.adopt``)."""
     global _thread
     if not ENABLED or _thread is not None:
         return
@@ -152,6 +159,8 @@ def fast_entry(entry, launch_address: int, stream_fn, like):
     module = _module
     if module is None:
         return None
+    import ctypes
+
     import torch
 
     plan, layout = entry.plan, entry.layout

@@ -128,13 +128,18 @@ def _adopt() -> None:
             _ENTRIES[key] = _with_fast(entry)
 
 
+def _start_fast() -> None:
+    """Starts loading the C extension (``_fastcall.start``: once, in its thread)."""
+    from . import _fastcall
+    _fastcall.start()
+
+
 def _with_fast(entry: Entry) -> Entry:
     """``entry`` with its ``FastEntry`` where the C extension can make its calls (a native launch, outputs allocated
     as ``new_outputs`` allocates them), else ``entry``."""
     if entry.plan.native is None:
         return entry
     from . import _fastcall
-    _fastcall.start()
     if _fastcall.loaded() is None:
         return entry
     address, like = _launcher.launch_address(), _output_like(entry.layout)
@@ -278,6 +283,8 @@ def replayable(fn):
                 out = None
                 _ENTRIES.pop(key, None)
             if out is not None:
+                if _FAST is None and _READY is None and entry.plan.native is not None:
+                    _start_fast()
                 return out
         rec = _Recording()
         stack.append(rec)
