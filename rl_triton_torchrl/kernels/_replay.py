@@ -43,7 +43,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["RECORDINGS", "REPLAY", "Entry", "adopt", "note_launch", "note_value_check", "recording", "replayable", "signature"]
+__all__ = ["RECORDINGS", "REPLAY", "Entry", "adopt", "note_launch", "note_value_check", "recording", "replayable",
+           "signature"]
 
 REPLAY = os.environ.get("RL_TRITON_TORCHRL_REPLAY", "1") != "0" and (
     torch.backends.cuda.is_built() or os.environ.get("TRITON_INTERPRET") == "1")
@@ -60,6 +61,7 @@ _local = threading.local()  # .recordings: the stack of this thread's recordings
 _getenv = _BACKEND_ENV = _config_key = _new_outputs = _output_like = _launcher = None  # bound by ``_bind``
 _FAST = None  # the C extension (``_fastcall``) once adopted by a caller's thread (``_adopt``)
 _READY = None  # the C extension once loaded (``adopt``), not yet adopted
+_FAST_STARTED = False  # whether ``_start_fast`` ran
 
 
 class _Recording:
@@ -130,6 +132,8 @@ def _adopt() -> None:
 
 def _start_fast() -> None:
     """Starts loading the C extension (``_fastcall.start``: once, in its thread)."""
+    global _FAST_STARTED
+    _FAST_STARTED = True
     from . import _fastcall
     _fastcall.start()
 
@@ -283,7 +287,7 @@ def replayable(fn):
                 out = None
                 _ENTRIES.pop(key, None)
             if out is not None:
-                if _FAST is None and _READY is None and entry.plan.native is not None:
+                if not _FAST_STARTED and entry.plan.native is not None:
                     _start_fast()
                 return out
         rec = _Recording()
