@@ -631,6 +631,22 @@ def test_c_extension_adopts_earlier_entries(c_stand_ins, monkeypatch):
     assert c_stand_ins.c_replays == before + 1 and _replay._FAST is module and _replay._READY is None
 
 
+@needs_interpreter
+def test_c_extension_starts_loading_at_the_first_python_replay(native_stand_ins, monkeypatch):
+    """The first call of a process starts nothing; the first call replayed in Python of a native launch starts the
+    extension's loading thread, once."""
+    started = []
+    monkeypatch.setattr(_fastcall, "start", lambda: started.append(1))
+    monkeypatch.setattr(_replay, "_FAST_STARTED", False)
+    call, _, coefs = TABLE["gae"]
+    x = make_rollout((3, 20, 2))
+    call(x, backend="triton", **coefs)  # records the entry
+    assert started == []
+    for _ in range(3):  # replayed in Python
+        call(x, backend="triton", **coefs)
+    assert started == [1]
+
+
 @pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
 def test_c_signature_is_pythons():
     """The C extension's signature of a call is ``_replay.signature``'s: the same key and pointers, and None for the
