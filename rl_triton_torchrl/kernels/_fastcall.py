@@ -123,9 +123,7 @@ def start() -> None:
 def load(timeout: float | None = None):
     """The loaded extension (``start``, then waiting for it), or None where it is not built or loaded."""
     start()
-    thread = _thread
-    if thread is not None and thread is not threading.current_thread() and thread.is_alive():
-        thread.join(timeout)
+    _join(timeout)
     return _module
 
 
@@ -145,10 +143,11 @@ def status() -> str:
     return "Python (the C module is being built or loaded)" if _thread is not None else "Python (no native launch yet)"
 
 
-def _join() -> None:
+def _join(timeout: float | None = None) -> None:
+    """Waits for the loading thread, if one runs (``load``, and before a fork)."""
     thread = _thread
     if thread is not None and thread is not threading.current_thread() and thread.is_alive():
-        thread.join()
+        thread.join(timeout)
 
 
 if hasattr(os, "register_at_fork"):
@@ -169,8 +168,7 @@ def fast_entry(entry, launch_address: int, stream_fn, like):
     plan, layout = entry.plan, entry.layout
     prepared = plan.native
     makers, at = plan.buffers(layout, entry.cvals)
-    numbers = [] if plan.numbers_as_tensors else [c if abs(c) >= _tiny() else 0.0
-                                                  for c in map(entry.cvals.__getitem__, plan.numbers)]
+    numbers = plan.numbers_of(entry.cvals)
     n_ptrs = len(entry.head) + entry.n_outputs + len(entry.tail)
     buffer = bytearray(prepared.buffer.raw)
     prepared.pack(buffer, 0, *[0] * n_ptrs, *numbers, *[0] * len(makers))
@@ -180,8 +178,3 @@ def fast_entry(entry, launch_address: int, stream_fn, like):
                             bytes(buffer), offsets, entry.head, entry.n_outputs, entry.tail, like, torch.empty_like,
                             plan.lean.settings, entry.settings, stream_fn, entry.settings[0], entry.result, makers,
                             n_ptrs + len(numbers), -1 if at is None else at, tuple(layout.state_shape))
-
-
-def _tiny() -> float:
-    from . import scan
-    return scan._FLOAT32_TINY

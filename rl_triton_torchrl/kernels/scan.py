@@ -1003,6 +1003,13 @@ class _LaunchPlan(NamedTuple):
                    tuple(i for i, _ in numbers), any(as_tensor for _, as_tensor in numbers),
                    kwargs["ht_ptr"] is not None, None if lb is None else lb.numel(), prepared)
 
+    def numbers_of(self, cvals: tuple) -> list:
+        """The float coefficients a launch passes as numbers (none where they go as float64 tensors), subnormals
+        flushed to zero as Triton's float32 parameters would."""
+        if self.numbers_as_tensors:
+            return []
+        return [c if abs(c) >= _FLOAT32_TINY else 0.0 for c in map(cvals.__getitem__, self.numbers)]
+
     def buffers(self, layout: Layout, cvals: tuple) -> tuple[tuple, int | None]:
         """What each launch allocates, in the order of its parameters after the numbers: a function making each
         buffer (the float coefficients as float64 tensors, the final-state output, the zeroed look-back status
@@ -1021,8 +1028,8 @@ class _LaunchPlan(NamedTuple):
     def launch(self, device: int, layout: Layout, ptrs: tuple, cvals: tuple) -> tuple[bool, torch.Tensor | None]:
         """Replays the launch with these pointers and coefficients: (launched, the final state or None). Not
         launched where a buffer allocated here is misaligned (the caller then launches the plain way)."""
+        numbers = self.numbers_of(cvals)
         if not (self.numbers_as_tensors or self.final_state or self.lookback):  # the common call: no buffers
-            numbers = [c if abs(c) >= _FLOAT32_TINY else 0.0 for c in map(cvals.__getitem__, self.numbers)]
             if self.native is not None:
                 self.native.launch(current_stream(device), *ptrs, *numbers)
             else:
@@ -1031,8 +1038,6 @@ class _LaunchPlan(NamedTuple):
         makers, at = self.buffers(layout, cvals)
         keep = [make() for make in makers]  # the buffers allocated here, alive until launched
         ht = None if at is None else keep[at]
-        numbers = [] if self.numbers_as_tensors else [0.0 if abs(c) < _FLOAT32_TINY else c
-                                                      for c in map(cvals.__getitem__, self.numbers)]
         buffers = tuple(map(_DATA_PTR, keep))
         if any(map((15).__and__, buffers)):
             return False, None
