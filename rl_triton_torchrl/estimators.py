@@ -156,6 +156,27 @@ def _key_tuple(key: NestedKey) -> tuple:
     return key if isinstance(key, tuple) else (key,)
 
 
+def _read(tensordict: TensorDict, key: tuple):
+    """``tensordict.get(key, None)`` for a key tuple: one dictionary look-up for a key of one name (what
+    ``TensorDict._get_str`` does), ``_get_tuple`` for a nested one."""
+    if len(key) == 1:
+        return tensordict._tensordict.get(key[0])
+    return tensordict._get_tuple(key, None)
+
+
+def _write(tensordict: TensorDict, key: tuple, value: Tensor) -> None:
+    """``tensordict.set(key, value)``. An unlocked TensorDict takes a tensor of its batch shape on its device under a
+    key of one name as ``set`` does after validating it: into its dictionary. Anything else goes through ``set``,
+    which validates (and moves or refuses) the value and creates nested entries."""
+    device = tensordict._device
+    if (len(key) == 1 and not tensordict._is_locked and type(value) is Tensor
+            and (device is None or value.device == device) and value.shape[:len(tensordict.batch_size)] ==
+            tensordict.batch_size):
+        tensordict._tensordict[key[0]] = value
+    else:
+        tensordict.set(key, value)
+
+
 def _with_truncated(keys_cls):
     """The class's ``_AcceptedKeys`` plus a ``truncated`` key.
 
@@ -274,7 +295,7 @@ class _OurMath:
         nxt = [_key_tuple(("next", getattr(keys, f)))[1:] for f in ("reward", "done", "terminated", "truncated",
                                                                      "value")]
         root = [_key_tuple(getattr(keys, f)) for f in ("value", "steps_to_next_obs")]
-        resolved = (*nxt, *root, keys.advantage, keys.value_target)
+        resolved = (*nxt, *root, _key_tuple(keys.advantage), _key_tuple(keys.value_target))
         self.__dict__["_direct_key_cache"] = (state, resolved)
         return resolved
 
@@ -292,17 +313,16 @@ class _OurMath:
         r_k, d_k, term_k, trunc_k, nv_k, v_k, steps_k = keys[:7]
         # ``get(key)`` is ``_get_tuple(key as a tuple)``; a key under "next" is read from the "next" entry the way
         # ``_get_tuple`` recurses into it
-        nxt = tensordict._get_tuple(("next",), None)
+        entries = tensordict._tensordict
+        nxt = entries.get("next")
         if type(nxt) is not TensorDict:
             return None
-        get, get_next = tensordict._get_tuple, nxt._get_tuple
         try:
-            reward, done, term, trunc = get_next(r_k, None), get_next(d_k, None), get_next(term_k, None), get_next(
-                trunc_k, None)
-            next_value, value, steps = get_next(nv_k, None), get(v_k, None), get(steps_k, None)
-            shifted_valid = get(("shifted_valid",), None)
+            reward, done, term, trunc = _read(nxt, r_k), _read(nxt, d_k), _read(nxt, term_k), _read(nxt, trunc_k)
+            next_value, value, steps = _read(nxt, nv_k), _read(tensordict, v_k), _read(tensordict, steps_k)
         except Exception:  # noqa: BLE001 - e.g. a key nested under a tensor: TorchRL's forward says what is wrong
             return None
+        shifted_valid = entries.get("shifted_valid")
         if not (isinstance(reward, Tensor) and isinstance(value, Tensor) and isinstance(next_value, Tensor)
                 and shifted_valid is None and (steps is None or isinstance(steps, Tensor))
                 and (done is None or isinstance(done, Tensor)) and (term is None or isinstance(term, Tensor))
@@ -333,8 +353,8 @@ class _OurMath:
             gamma = gamma ** steps.view_as(reward)
         advantage, value_target = self._direct_estimate(tensordict, gamma, reward, done, terminated, value,
                                                         next_value)
-        tensordict.set(keys[7], advantage)
-        tensordict.set(keys[8], value_target)
+        _write(tensordict, keys[7], advantage)
+        _write(tensordict, keys[8], value_target)
         return tensordict
 
     def _direct_gae(self, tensordict, gamma, reward, done, terminated, value, next_value):

@@ -436,3 +436,42 @@ def test_direct_path_only_on_verified_versions(version, monkeypatch):
     out = build("GAE")(td.clone())
     assert spy.calls == (0 if verified else 1)
     compare_torchrl("GAE", out, td)
+
+
+@pytest.mark.parametrize("case", ["locked", "outputs-present", "no-device", "output-over-a-tensordict"])
+def test_outputs_written_as_set_writes(case, monkeypatch):
+    """The direct path writes its two outputs as ``TensorDict.set`` does (it skips ``set``'s checks only where they
+    cannot fail): a locked tensordict refuses them with ``set``'s error, present entries are replaced (not written
+    in place), a tensordict without a device takes them, an entry holding a tensordict is replaced by the tensor."""
+    td = rollout()
+    if case == "locked":
+        td.lock_()
+    elif case == "outputs-present":
+        td["advantage"], td["value_target"] = torch.zeros(4, 25, 1), torch.zeros(4, 25, 1)
+        td = td.to(DEVICE)
+    elif case == "no-device":
+        td = td.clear_device_()
+    elif case == "output-over-a-tensordict":
+        td["advantage"] = TensorDict({"x": torch.zeros(4, 25)}, batch_size=[4, 25], device=DEVICE)
+    est = build("GAE")
+    results = []
+    for direct in (True, False):
+        est.direct_path = direct
+        data = td.clone() if case != "locked" else td
+        before = {k: data.get(k) for k in ("advantage", "value_target") if k in data.keys()}
+        if case == "locked":
+            with pytest.raises(RuntimeError) as info:
+                est(data)
+            results.append(str(info.value))
+            continue
+        out = est(data)
+        for key, old in before.items():
+            assert out.get(key) is not old
+            if isinstance(old, torch.Tensor):
+                assert not old.any(), f"{key!r} was written in place"
+        results.append(out)
+    if case == "locked":
+        assert results[0] == results[1]
+        assert "advantage" not in td.keys()
+    else:
+        assert_identical(*results)
