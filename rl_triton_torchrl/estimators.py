@@ -164,14 +164,14 @@ def _read(tensordict: TensorDict, key: tuple):
     return tensordict._get_tuple(key, None)
 
 
-def _write(tensordict: TensorDict, key: tuple, value: Tensor) -> None:
-    """``tensordict.set(key, value)``. An unlocked TensorDict takes a tensor of its batch shape on its device under a
-    key of one name as ``set`` does after validating it: into its dictionary. Anything else goes through ``set``,
-    which validates (and moves or refuses) the value and creates nested entries."""
-    device = tensordict._device
-    if (len(key) == 1 and not tensordict._is_locked and type(value) is Tensor
-            and (device is None or value.device == device) and value.shape[:len(tensordict.batch_size)] ==
-            tensordict.batch_size):
+def _write(tensordict: TensorDict, key: tuple, value, shape: torch.Size, device: torch.device) -> None:
+    """``tensordict.set(key, value)``, where ``shape`` and ``device`` are those of one of the tensordict's own
+    leaves (so its batch shape comes first, and the device is the tensordict's where it has one). An unlocked
+    TensorDict takes a tensor of that shape on that device under a key of one name as ``set`` does after validating
+    it: into its dictionary. Anything else goes through ``set``, which validates (and moves or refuses) the value
+    and creates nested entries."""
+    if (len(key) == 1 and type(value) is Tensor and not tensordict._is_locked and value.shape == shape
+            and value.device == device):
         tensordict._tensordict[key[0]] = value
     else:
         tensordict.set(key, value)
@@ -284,11 +284,12 @@ class _OurMath:
     def _direct_keys(self):
         """The entries the direct path reads and writes, as key tuples, cached per content of ``tensor_keys``."""
         keys = self.tensor_keys
-        state = tuple(vars(keys).values())
+        state = vars(keys)
         cached = self.__dict__.get("_direct_key_cache")
         if cached is not None and cached[0] == state:
             return cached[1]
-        if any(isinstance(k, list) for k in state):  # a list of keys (TorchRL's set_keys accepts them): its forward
+        state = dict(state)
+        if any(isinstance(k, list) for k in state.values()):  # a list of keys (TorchRL's set_keys accepts them): its forward
             self.__dict__["_direct_key_cache"] = (state, None)
             return None
         # under "next": the key without its leading "next" (read from the "next" sub-tensordict)
@@ -353,8 +354,9 @@ class _OurMath:
             gamma = gamma ** steps.view_as(reward)
         advantage, value_target = self._direct_estimate(tensordict, gamma, reward, done, terminated, value,
                                                         next_value)
-        _write(tensordict, keys[7], advantage)
-        _write(tensordict, keys[8], value_target)
+        shape = value.shape  # (a leaf of the tensordict, on the reward's device)
+        _write(tensordict, keys[7], advantage, shape, device)
+        _write(tensordict, keys[8], value_target, shape, device)
         return tensordict
 
     def _direct_gae(self, tensordict, gamma, reward, done, terminated, value, next_value):
