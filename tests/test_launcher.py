@@ -10,6 +10,8 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -441,6 +443,53 @@ def test_prewarm_off(monkeypatch):
     monkeypatch.setattr(_launcher, "PREWARM", True)
     monkeypatch.setattr(_launcher, "_triton_key", lambda: None)  # a Triton without it
     assert _launcher.prewarm(force=True) is None
+
+
+class _Hashed:
+    """Stands in for a kernel: its ``cache_key`` waits for ``release`` and counts its reads; ``locked``: it has
+    Triton's ``_hash_lock``."""
+
+    def __init__(self, locked: bool):
+        self.release, self.reads = threading.Event(), 0
+        if locked:
+            self._hash_lock = threading.RLock()
+
+    @property
+    def cache_key(self):
+        self.reads += 1
+        self.release.wait(10)
+        return "key"
+
+
+def test_prewarm_hashes_kernels_after_the_installation(monkeypatch):
+    """After Triton's hash of its installation the thread reads each kernel's ``cache_key``, only where Triton locks
+    it; a plain launch waits for the installation's hash alone, a fork for the whole thread."""
+    monkeypatch.setattr(_launcher, "_PREWARM_THREAD", None)
+    locked, unlocked = _Hashed(locked=True), _Hashed(locked=False)
+    thread = _launcher.prewarm(force=True, kernels=(unlocked, locked))
+    try:
+        _launcher._join_prewarm(whole=False)  # returns while the thread waits in the locked kernel's hash
+        deadline = time.monotonic() + 10
+        while locked.reads == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert thread.is_alive() and locked.reads == 1
+    finally:
+        locked.release.set()
+    _launcher._join_prewarm()
+    assert not thread.is_alive() and unlocked.reads == 0
+
+
+def test_prewarm_hashes_every_kernel():
+    """In a process that compiles kernels, the thread started at import leaves every kernel's hash computed."""
+    code = (
+        "import rl_triton_torchrl.kernels as k\n"
+        "from rl_triton_torchrl.kernels import _launcher\n"
+        "kernels = k._kernels()\n"
+        "assert len(kernels) == 9, kernels\n"
+        "(_launcher._PREWARM_THREAD or _launcher.prewarm(force=True, kernels=kernels)).join()\n"
+        "assert all(x.hash is not None for x in kernels), [x for x in kernels if x.hash is None]\n"
+    )
+    _run_with_prewarm(code)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="under the interpreter no kernel is compiled")

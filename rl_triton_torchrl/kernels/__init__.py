@@ -31,5 +31,16 @@ __all__ = [
     "normalize_",
 ]
 
-prewarm()  # Triton's one-time hash of its installation, in the background where kernels will be compiled
+
+def _kernels() -> list:
+    """The ``@triton.jit`` kernels of the algorithm files, GAE's first (the scan core's hash is shared)."""
+    from importlib import import_module
+
+    names = ("gae", "td_lambda", "vtrace", "prefix_sum", "eligibility_traces", "retrace", "scan", "normalize")
+    modules = [import_module(f".{n}", __name__) for n in names]
+    return [v for m in modules for k, v in vars(m).items() if k.endswith("_kernel") and hasattr(type(v), "cache_key")]
+
+
+# Triton's one-time hash of its installation and the kernels' hashes, in the background where kernels will be compiled
+prewarm(kernels=_kernels())
 

@@ -199,7 +199,7 @@ class Launcher:
         except Exception:  # noqa: BLE001 - anything unexpected: the plain path (which raises Triton's own error)
             key = None
         options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
-        _join_prewarm()  # rather than hashing Triton's installation a second time (``prewarm``)
+        _join_prewarm(whole=False)  # rather than hashing Triton's installation a second time (``prewarm``)
         compiled = self.kernel[grid](**kwargs, **options)
         if key is not None:
             self._remember(key, compiled)
@@ -318,9 +318,12 @@ _VERIFIED: bool | None = None
 # On the development machine (CPU, sm_90 as the target, the cache filled) that is 0.34 s of the 0.41 s of a first GAE
 # launch: the rest of a "warm" first call. ``prewarm`` computes it in a daemon thread (hashing and reading files
 # release the GIL), started when the kernels are imported by a CUDA build of torch, so that the first launch finds
-# it done while the caller was building its environments and models. Once the kernels are imported (Triton's
-# language, compiler and backends with them), the hash imports nothing: the thread only reads and hashes files, so it
-# never holds an import lock the caller's thread could wait on (``test_prewarm_imports_nothing``).
+# it done while the caller was building its environments and models. Then each kernel's own hash (Triton's walk of
+# its source and of every ``@triton.jit`` function it calls: 19 of the 30 ms of the first GAE launch of a process on
+# an H200 host with the cache filled, 50 ms for all nine kernels on the development machine; pure Python, so it
+# shares the GIL with the caller for that long). Once the kernels are imported (Triton's language, compiler and
+# backends with them), neither imports anything: the thread only reads and hashes files and sources, so it never
+# holds an import lock the caller's thread could wait on (``test_prewarm_imports_nothing``).
 
 # ``RL_TRITON_TORCHRL_PREWARM=0``: no such thread.
 PREWARM = os.environ.get("RL_TRITON_TORCHRL_PREWARM", "1") != "0"
@@ -334,12 +337,15 @@ def _triton_key():
     return key if callable(key) and hasattr(key, "cache_info") else None
 
 
-def prewarm(force: bool = False) -> threading.Thread | None:
-    """Starts computing Triton's hash of its installation (``_triton_key``) in a daemon thread, once per process;
-    returns the thread, or None where none is started: ``PREWARM`` off, no such hash in this Triton, or (unless
-    ``force``) no kernel will be compiled here (a CPU-only build of torch, or Triton's interpreter). A ``fork`` waits
-    for the thread to end (``os.register_at_fork``), so that no child starts with a thread that held a lock of its
-    parent, and Python's warning about forking a multi-threaded process never names this one."""
+def prewarm(force: bool = False, kernels=()) -> threading.Thread | None:
+    """Starts computing Triton's hash of its installation (``_triton_key``), then each of ``kernels``' own hash
+    (``cache_key``), in a daemon thread, once per process; returns the thread, or None where none is started:
+    ``PREWARM`` off, no such hash in this Triton, or (unless ``force``) no kernel will be compiled here (a CPU-only
+    build of torch, or Triton's interpreter). A kernel's hash is computed there only where Triton guards it with a
+    lock (``JITFunction._hash_lock``, Triton 3.6): the first launch of a kernel the thread is hashing waits for it
+    rather than reading a half-made hash. A ``fork`` waits for the thread to end (``os.register_at_fork``), so that
+    no child starts with a thread that held a lock of its parent, and Python's warning about forking a
+    multi-threaded process never names this one."""
     global _PREWARM_THREAD
     key = _triton_key()
     if _PREWARM_THREAD is not None or not PREWARM or key is None:
@@ -348,23 +354,43 @@ def prewarm(force: bool = False) -> threading.Thread | None:
     # documents that query as able to poison a later fork, unless PYTORCH_NVML_BASED_CUDA_CHECK=1)
     if not force and (os.environ.get("TRITON_INTERPRET") == "1" or not torch.backends.cuda.is_built()):
         return None
-    _PREWARM_THREAD = threading.Thread(target=_quietly, args=(key,), name="rl_triton_torchrl-prewarm", daemon=True)
+    locked = tuple(k for k in kernels if getattr(k, "_hash_lock", None) is not None)
+    _TRITON_KEY_READY.clear()
+    _PREWARM_THREAD = threading.Thread(target=_prewarm, args=(key, locked), name="rl_triton_torchrl-prewarm",
+                                       daemon=True)
     _PREWARM_THREAD.start()
     return _PREWARM_THREAD
 
 
-def _quietly(fn) -> None:
+def _prewarm(key, kernels) -> None:
     try:
-        fn()
+        _quietly(key)
+    finally:
+        _TRITON_KEY_READY.set()
+    for kernel in kernels:
+        _quietly(attrgetter("cache_key"), kernel)
+
+
+def _quietly(fn, *args) -> None:
+    try:
+        fn(*args)
     except Exception:  # noqa: BLE001 - the first launch computes it again, and raises there if it must
         pass
 
 
-def _join_prewarm() -> None:
-    """Waits for the prewarm thread, if one runs (before a fork, and before a plain launch)."""
+def _join_prewarm(whole: bool = True) -> None:
+    """Waits for the prewarm thread, if one runs: for all of it (``whole``: before a fork), or until Triton's hash
+    of its installation is done (before a plain launch, which would compute it a second time otherwise; the
+    kernels' hashes are each behind Triton's own lock)."""
     thread = _PREWARM_THREAD
     if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-        thread.join()
+        if whole:
+            thread.join()
+        else:
+            _TRITON_KEY_READY.wait()
+
+
+_TRITON_KEY_READY = threading.Event()
 
 
 if hasattr(os, "register_at_fork"):
