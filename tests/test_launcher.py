@@ -288,6 +288,36 @@ def test_settings(recorder, monkeypatch):
     assert lean.settings() is None
 
 
+class _Counted:
+    """A global's value that counts its ``==`` (as a ``tl.constexpr``, which Triton records as a deep copy)."""
+
+    compared = 0
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        type(self).compared += 1
+        return isinstance(other, _Counted) and other.value == self.value
+
+    __hash__ = None
+
+
+def test_settings_compare_an_equal_global_once(recorder, monkeypatch):
+    """A global equal to, but not the same object as, the value Triton recorded is compared once per binding: later
+    checks of the same object are an identity test; a new binding is compared again, and a changed value refuses."""
+    lean, _, _ = recorder
+    scope = {"G": _Counted(1)}
+    monkeypatch.setattr(_Counted, "compared", 0)
+    monkeypatch.setattr(lean.kernel, "used_global_vals", {("G", id(scope)): (_Counted(1), scope)})
+    settings = [lean.settings() for _ in range(3)]
+    assert settings[0] is not None and settings.count(settings[0]) == 3 and _Counted.compared == 1
+    scope["G"] = _Counted(1)  # another object, equal
+    assert lean.settings() == settings[0] and lean.settings() == settings[0] and _Counted.compared == 2
+    scope["G"] = _Counted(2)
+    assert lean.settings() is None
+
+
 def test_compiled_for_and_replay(recorder):
     """``compiled_for`` finds the compiled kernel a launch remembered; ``replay`` launches it on the current stream
     with the arguments as given (pointers as ints here), as a lean launch does."""

@@ -180,6 +180,7 @@ class Launcher:
         self.name = getattr(kernel, "__name__", None)
         self.specializer = Specializer.of(kernel)
         self.compiled: dict[tuple, _Compiled] = {}
+        self._equal_globals: dict[tuple, object] = {}  # (name, id of scope) -> the object last found equal
 
     def __call__(self, grid, num_warps: int, maxnreg: int | None = None, **kwargs):
         """Launches the kernel over ``grid`` (up to three ints) with ``kwargs`` naming every parameter and at most
@@ -247,12 +248,23 @@ class Launcher:
                 and _idle(runtime.launch_exit_hook))
 
     def _globals_unchanged(self) -> bool:
-        """Whether the globals the kernel read when compiled still hold those values (else Triton raises): the same
-        objects, as a rule, which is the cheap test (``==`` of two ``tl.constexpr`` goes through Triton's operators:
-        11% of a replayed GAE call's host time on the H200 host)."""
+        """Whether the globals the kernel read when compiled still hold those values (else Triton raises). Triton
+        keeps a deep copy of each value, so a ``tl.constexpr`` global is never the recorded object itself, and ``==``
+        of two of them goes through Triton's operators (11% of a replayed GAE call's host time on the H200 host):
+        the object found equal is remembered, and the next check of the same binding is one ``is``. A global bound
+        to another object is compared again."""
         used = self.kernel.used_global_vals
-        return not used or all((now := scope.get(name, _MISSING)) is value or now == value
-                               for (name, _), (value, scope) in used.items())
+        if not used:
+            return True
+        equal = self._equal_globals
+        for key, (value, scope) in used.items():
+            now = scope.get(key[0], _MISSING)
+            if now is value or now is equal.get(key, _MISSING):
+                continue
+            if not now == value:
+                return False
+            equal[key] = now
+        return True
 
     def _remember(self, key: tuple, compiled) -> None:
         """Keeps what a plain call returned, if it is a ready compiled kernel (not a future of one)."""
