@@ -430,3 +430,17 @@ def test_host_floor_smoke(tmp_path):
     assert all(r["us"] > 0 for r in rows if r["part"] == "piece")
     assert any(r["what"] == "gae, replayed in C (the whole call)" for r in rows), "no call made in C"
     assert all(r["c_us"] > 0 and r["replay_us"] > 0 and r["plain_us"] > 0 for r in rows if r["part"] == "algorithm")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="profiles a first launch on the GPU")
+def test_profile_first_call_smoke(tmp_path):
+    """benchmarks/profile_first_call.py: a cold then a warm process (the same Triton cache), the profile shown."""
+    cache = tmp_path / "triton_cache"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    for args in ([], ["--show", "--B", "64", "--T", "16"]):
+        out = subprocess.run([sys.executable, "profile_first_call.py", "--B", "64", "--T", "16", *args], cwd=BENCH,
+                             capture_output=True, text=True, timeout=600, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "first gae call (profiled)" in out.stdout
+    assert "cumulative" in out.stdout
