@@ -289,7 +289,8 @@ class _OurMath:
         if cached is not None and cached[0] == state:
             return cached[1]
         state = dict(state)
-        if any(isinstance(k, list) for k in state.values()):  # a list of keys (TorchRL's set_keys accepts them): its forward
+        # a list of keys (TorchRL's set_keys accepts them): its forward
+        if any(isinstance(k, list) for k in state.values()):
             self.__dict__["_direct_key_cache"] = (state, None)
             return None
         # under "next": the key without its leading "next" (read from the "next" sub-tensordict)
@@ -312,8 +313,8 @@ class _OurMath:
         if keys is None:
             return None
         r_k, d_k, term_k, trunc_k, nv_k, v_k, steps_k = keys[:7]
-        # ``get(key)`` is ``_get_tuple(key as a tuple)``; a key under "next" is read from the "next" entry the way
-        # ``_get_tuple`` recurses into it
+        # ``get(key)`` is ``_get_tuple(key as a tuple)`` (``_read``); a key under "next" is read from the "next" entry
+        # the way ``_get_tuple`` recurses into it
         entries = tensordict._tensordict
         nxt = entries.get("next")
         if type(nxt) is not TensorDict:
