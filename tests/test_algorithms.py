@@ -6,6 +6,8 @@ and long sequences.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -25,12 +27,13 @@ def _gae_ref(x, **kw):
     return (adv, vt), h
 
 
-def _td(lmbda, advantage=False, done_or_terminated=False):
+def _td(lmbda, advantage=False, done_or_terminated=False, value_target=False):
     def call(x, **kw):
         kw.setdefault("lmbda", lmbda)
         if advantage:
             return K.td_lambda_advantage(x["reward"], x["value"], x["next_value"], x["done"], x["terminated"],
-                                         done_or_terminated=done_or_terminated, **kw)
+                                         done_or_terminated=done_or_terminated, return_value_target=value_target,
+                                         **kw)
         return K.td_lambda_return(x["reward"], x["next_value"], x["done"], x["terminated"],
                                   done_or_terminated=done_or_terminated, **kw)
 
@@ -38,6 +41,8 @@ def _td(lmbda, advantage=False, done_or_terminated=False):
         kw.setdefault("lmbda", lmbda)
         ret, h = R.td_lambda_return_ref(x["reward"], x["next_value"], x["done"], x["terminated"],
                                         done_or_terminated=done_or_terminated, **kw)
+        if value_target:
+            return (ret - x["value"].double(), ret), h
         return (ret - x["value"].double() if advantage else ret), h
 
     return call, ref
@@ -66,6 +71,7 @@ ALGOS = {
     "gae": (_gae, _gae_ref, True),
     "td_lambda": (*_td(None), True),
     "td_lambda_adv": (*_td(None, advantage=True), True),
+    "td_lambda_adv_vt": (*_td(None, advantage=True, value_target=True), True),  # (advantage, value_target)
     "td0": (*_td(0.0), False),
     "td1": (_td(1.0, done_or_terminated=True)[0], _discounted_boot_ref, False),  # TD(1): the discounted return
     "discounted": (_discounted, _discounted_ref, False),
@@ -148,6 +154,24 @@ def test_dtypes(algo, backend, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("pattern", ["random", "none", "all"])
+def test_td_lambda_value_target_exact(backend, dtype, pattern):
+    """``return_value_target``: the value targets are ``td_lambda_return``'s and the advantages exactly
+    ``value_target - state_value`` in the inputs' dtype (what TorchRL's TD(lambda) estimator computes), bit for bit."""
+    if backend == "triton" and dtype.itemsize == 2 and os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("Triton's interpreter casts float32 to 16 bits by truncation, where a GPU and torch round to "
+                    "nearest even: bit for bit only compiled")
+    x = make_inputs((5, 63, 2), -2, pattern, dtype=dtype, seed=3)
+    kw = {"gamma": GAMMA, "lmbda": LMBDA, "backend": backend}
+    adv, vt = K.td_lambda_advantage(x["reward"], x["value"], x["next_value"], x["done"], x["terminated"],
+                                    return_value_target=True, **kw)
+    ret = K.td_lambda_return(x["reward"], x["next_value"], x["done"], x["terminated"], **kw)
+    assert torch.equal(vt, ret)
+    assert torch.equal(adv, vt - x["value"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algo", list(ALGOS))
 def test_coefficient_tensors(algo, backend):
     """Per-step gamma (e.g. gamma ** steps_to_next_obs) and per-row lambda as broadcastable tensors."""
@@ -169,7 +193,7 @@ def test_chunked_path(algo, backend, shape, time_dim, small_tiles):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("algo", ["gae", "td_lambda", "discounted_boot"])
+@pytest.mark.parametrize("algo", ["gae", "td_lambda", "td_lambda_adv_vt", "discounted_boot"])
 def test_long_sequence(algo, backend):
     """T = 5000 > MAX_BLOCK_T: chunks with carries between them (look-back chunks in float32 at the default
     constants, else 2048-step tiles walked in turn)."""
@@ -223,7 +247,8 @@ VERY_LONG = [pytest.param((1, 2**20, 1), 4096, marks=GPU, id="B1-T2^20"),
              pytest.param((16, 2**16, 1), 4096, marks=GPU, id="B16-T2^16"),
              pytest.param((2, 512, 1), 128, id="B2-T512")]
 # per algorithm: the state each step passes on to the step before it, from the outputs and inputs
-PASSED_ON = {"gae": lambda out, x: out[0], "td_lambda": lambda out, x: out[0], "discounted": lambda out, x: out[0]}
+PASSED_ON = {"gae": lambda out, x: out[0], "td_lambda": lambda out, x: out[0], "td_lambda_adv_vt": lambda out, x: out[1],
+             "discounted": lambda out, x: out[0]}
 
 
 @pytest.mark.parametrize("pattern", ["random", "none"])

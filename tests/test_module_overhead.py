@@ -9,6 +9,8 @@ TorchRL versions the direct path is enabled for.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torchrl.objectives.value as trl_value
@@ -120,7 +122,8 @@ def compare_torchrl(name, out, td, **kwargs):
     for key in (theirs.tensor_keys.advantage, theirs.tensor_keys.value_target):
         # float32 tolerance for float64 rollouts too: the gamma/lmbda buffers are float32 and TorchRL's vectorised
         # functionals and ours round their products differently
-        assert_close(str(key), out.get(key), expected.get(key), dtype=torch.float32)
+        dtype = torch.bfloat16 if out.get(key).dtype == torch.bfloat16 else torch.float32
+        assert_close(str(key), out.get(key), expected.get(key), dtype=dtype)
 
 
 @pytest.mark.parametrize("name", list(CLASSES))
@@ -140,7 +143,8 @@ def test_direct_equals_inherited(name, layout, pattern, backend, monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:To copy construct from a tensor")  # TorchRL's torch.tensor(gamma)
 @pytest.mark.parametrize("name", list(CLASSES))
-@pytest.mark.parametrize("option", ["vectorized-off", "steps_to_next_obs", "float64", "differentiable", "average_gae",
+@pytest.mark.parametrize("option", ["vectorized-off", "steps_to_next_obs", "float64", "bfloat16", "differentiable",
+                                    "average_gae",
                                     "average_gae-groups", "renamed-keys", "nested-keys", "named-time-dim",
                                     "tensor-gamma"])
 def test_direct_options(name, option, backend, monkeypatch):
@@ -154,6 +158,13 @@ def test_direct_options(name, option, backend, monkeypatch):
         rollout_kw["steps"] = True
     elif option == "float64":
         rollout_kw["dtype"] = torch.float64
+    elif option == "bfloat16":
+        if backend == "triton" and name in ("TDLambdaEstimator", "TD1Estimator") and (
+                os.environ.get("TRITON_INTERPRET") == "1"):
+            # their kernel writes value_target - value too, rounded to bfloat16 as torch rounds the subtraction
+            pytest.skip("Triton's interpreter casts float32 to 16 bits by truncation, where a GPU and torch round "
+                        "to nearest even: bit for bit only compiled")
+        rollout_kw["dtype"] = torch.bfloat16
     elif option == "differentiable":
         kw["differentiable"] = True
     elif option in ("average_gae", "average_gae-groups"):

@@ -736,7 +736,8 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     """Launches an algorithm kernel over ``layout``; returns the final-state buffer (or None).
 
     Kernel parameters follow one naming scheme, so every algorithm shares this launcher:
-    ``{x}_ptr, s_{x}_o, s_{x}_t, s_{x}_i`` for an input ``x`` (any strides); ``{y}_ptr`` for an output (contiguous);
+    ``{x}_ptr, s_{x}_o, s_{x}_t, s_{x}_i`` for an input ``x`` (any strides); ``{y}_ptr`` for an output (contiguous;
+    None: an output this call does not write, passed as None, as if the kernel had no such parameter);
     ``{c}, {c}_ptr, s_{c}_o, s_{c}_t, s_{c}_i`` and constexpr ``{C}_TENSOR`` for a coefficient given as a number or
     a broadcastable tensor; ``h0_ptr, ht_ptr, HAS_INITIAL_STATE, STORE_FINAL_STATE`` for the states;
     ``lb_ptr, LOOKBACK`` for the look-back status words; ``n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, NUM_STAGES``;
@@ -757,6 +758,9 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     recorded replays the plan straight from its arguments and does not come here at all.
     """
     constexprs = flag_constexprs(inputs, constexprs)
+    if any(y is None for y in outputs.values()):  # outputs this call does not write: None parameters
+        constexprs.update({_param_names(name)[0]: None for name, y in outputs.items() if y is None})
+        outputs = {name: y for name, y in outputs.items() if y is not None}
     lean = launcher(kernel)
     settings = lean.settings()  # None: every launch of the kernel takes the plain path now (no plan either)
     index = layout.device.index  # None for CPU tensors; the only indexed devices that reach here are CUDA ones

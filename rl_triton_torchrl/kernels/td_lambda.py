@@ -43,14 +43,14 @@ _td_lambda_coefficients = triton.jit(td_lambda_coefficients)
 
 @triton.jit
 def _td_lambda_fwd_kernel(
-    r_ptr, nv_ptr, v_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, out_ptr, h0_ptr, ht_ptr, lb_ptr,
+    r_ptr, nv_ptr, v_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, out_ptr, adv_ptr, h0_ptr, ht_ptr, lb_ptr,
     gamma, lmbda, n_rows, inner, T,
     s_r_o, s_r_t, s_r_i, s_nv_o, s_nv_t, s_nv_i, s_v_o, s_v_t, s_v_i,
     s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
     s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
-    HAS_NEXT_VALUE: tl.constexpr, HAS_VALUE: tl.constexpr, SAME_FLAGS: tl.constexpr, DONE_OR_TERMINATED: tl.constexpr,
-    HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    HAS_NEXT_VALUE: tl.constexpr, HAS_VALUE: tl.constexpr, STORE_ADVANTAGE: tl.constexpr, SAME_FLAGS: tl.constexpr,
+    DONE_OR_TERMINATED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -79,14 +79,19 @@ def _td_lambda_fwd_kernel(
         b_a, b_b = _td_lambda_coefficients(b_r, b_nv, 1.0 - b_d, 1.0 - b_term, b_g, b_l)
         b_ret, b_h = scan_tile(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         if HAS_VALUE:
-            b_ret -= load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)
+            b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)
+            if STORE_ADVANTAGE:  # G into out, and G as stored minus V: ``out - v`` in the outputs' dtype, exactly
+                store_tile(adv_ptr, b_ret.to(out_ptr.dtype.element_ty).to(ACC) - b_v, o_o, o_i, o_t, T, inner, m)
+            else:  # G - V into out, rounded once
+                b_ret -= b_v
         store_tile(out_ptr, b_ret, o_o, o_i, o_t, T, inner, m)
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
 def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma, lmbda, time_dim, initial_state,
-               output_final_state, backend, done_or_terminated=False):
-    """Shared body of the public functions: returns (or advantages when ``state_value`` is given)."""
+               output_final_state, backend, done_or_terminated=False, return_value_target=False):
+    """Shared body of the public functions: returns (or advantages when ``state_value`` is given, and with
+    ``return_value_target`` the pair ``(returns - state_value, returns)``, the subtraction in the inputs' dtype)."""
     layout = check_inputs(
         time_dim,
         {"reward": reward, "next_state_value": next_state_value, "state_value": state_value},
@@ -100,8 +105,9 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
     lmbda = check_coef("lmbda", lmbda, layout)
     terminated = done if terminated is None else terminated
     done = terminated if done is None else done
+    n_outputs = 1 + return_value_target
     if layout.empty:
-        (out,) = new_outputs(layout, 1)
+        out, *adv = new_outputs(layout, n_outputs)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, reward, next_state_value, state_value, gamma,
                                   lmbda, initial_state)) != "triton":
@@ -119,22 +125,24 @@ def _td_lambda(reward, next_state_value, done, terminated, state_value, *, gamma
                 nd[:, -1] = 0.0
             b_a, b_b = td_lambda_coefficients(r, nv, nd, nterm, rows_time(gamma, layout), rows_time(lmbda, layout))
             h, ht = scan_rows(b_a, b_b, rows_state(initial_state), True, path)
-        if state_value is not None:
+        if state_value is not None and not return_value_target:
             h = h - rows_time(state_value, layout)
         out, ht = from_rows_time(h, layout), state_out(ht, layout)
+        adv = [out - state_value] if return_value_target else []  # the returns as returned, minus V
     else:  # the outputs are allocated here, on the path that writes them
-        (out,) = new_outputs(layout, 1)
+        out, *adv = new_outputs(layout, n_outputs)
         inputs = {"r": reward, "nv": next_state_value, "v": state_value, "d": done, "term": terminated}
         ht = launch(
             _td_lambda_fwd_kernel, layout,
             inputs={k: (reward if x is None else x) for k, x in inputs.items()},  # absent ones are never read
             coefs={"gamma": gamma, "lmbda": lmbda},
-            outputs={"out": out},
+            outputs={"out": out, "adv": adv[0] if adv else None},
             initial_state=initial_state, output_final_state=output_final_state, finite_a=True,
             HAS_NEXT_VALUE=next_state_value is not None, HAS_VALUE=state_value is not None,
-            DONE_OR_TERMINATED=done_or_terminated,
+            STORE_ADVANTAGE=return_value_target, DONE_OR_TERMINATED=done_or_terminated,
         )
-    return (out, ht) if output_final_state else out
+    result = (*adv, out, *([ht] if output_final_state else []))
+    return result if len(result) > 1 else out
 
 
 def _require(name: str, x) -> None:
@@ -193,7 +201,7 @@ def td_lambda_return(
 @replayable
 def td_lambda_advantage(
     reward, state_value, next_state_value, done, terminated=None, *, gamma, lmbda, time_dim=None, initial_state=None,
-    output_final_state=False, done_or_terminated=False, backend="auto",
+    output_final_state=False, done_or_terminated=False, return_value_target=False, backend="auto",
 ):
     r"""TD(:math:`\lambda`) advantages :math:`G_t - V_t`, the subtraction fused into the scan.
 
@@ -203,15 +211,21 @@ def td_lambda_advantage(
         next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations.
         done (Tensor): ``[*B, T, *F]`` bool, the trajectory ends after step t.
         terminated (Tensor, optional): ``[*B, T, *F]`` bool, the episode terminated. Defaults to ``done``.
-    {common}
+    {common}        return_value_target (bool): also return the returns :math:`G_t` (TorchRL's ``value_target``), from the
+            same kernel; the advantages are then exactly ``value_target - state_value`` in the inputs' dtype (as
+            TorchRL's TD(lambda) estimator computes them; without it :math:`G_t - V_t` is rounded once, which
+            differs only for inputs narrower than float32). Defaults to ``False``.
+
     Returns:
-        The advantages in the input shape and dtype, plus the final state (of :math:`G`) if asked for.
+        The advantages in the input shape and dtype (``(advantage, value_target)`` with ``return_value_target``),
+        plus the final state (of :math:`G`) if asked for.
     """
     _require("next_state_value", next_state_value)
     _require("state_value", state_value)
     return _td_lambda(reward, next_state_value, done, terminated, state_value, gamma=gamma, lmbda=lmbda,
                       time_dim=time_dim, initial_state=initial_state, output_final_state=output_final_state,
-                      backend=backend, done_or_terminated=done_or_terminated)
+                      backend=backend, done_or_terminated=done_or_terminated,
+                      return_value_target=return_value_target)
 
 
 @replayable
