@@ -174,6 +174,30 @@ def test_chunked_path(algo, backend, shape, time_dim, small_tiles):
     run_and_check(algo, x, backend, time_dim=time_dim, initial_state=_state_for(algo, x, time_dim, seed=3))
 
 
+@pytest.mark.triton
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("T", [65, 128, 129, 300])
+def test_vtrace_warp_local_tiles(T, pattern, monkeypatch):
+    """Batch-major rows in 128-step tiles (the few-rows rule off): rows of one chunk (partial, whole) read V_(t+1)
+    one step on; rows of several chunks (one step past one, several) take it from the tile's own values one column
+    on and its last column from the chunk after it in time; with a carried state and the final state."""
+    from rl_triton_torchrl.kernels import scan
+    from rl_triton_torchrl.kernels._utils import check_inputs
+
+    monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
+    layout = check_inputs(-2, {"x": torch.empty((3, T, 1), device="meta")}, {})
+    assert scan.launch_config(layout, "_vtrace_fwd_kernel")["BLOCK_T"] == scan.WARP_LOCAL_T
+    x = make_rollout((3, T, 1), -2, pattern, seed=T)
+    h0 = _state_for("vtrace", x, -2, seed=T)
+    call, ref, _ = ALGOS["vtrace"]
+    kw = {"gamma": GAMMA, **_coefs("vtrace"), "initial_state": h0}
+    *out, h = call(x, backend="triton", output_final_state=True, **kw)
+    expected, h_expected = ref(x, **kw)
+    for i, (o, e) in enumerate(zip(out, expected)):
+        assert_close(f"vtrace[{i}]", o, e)
+    assert_close("vtrace final state", h, h_expected, torch.float32)
+
+
 def _state_for(algo, x, time_dim, seed):
     """A random carried state of the right shape for ``algo`` on rollout ``x``."""
     ref = x["reward"]

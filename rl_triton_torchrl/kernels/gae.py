@@ -25,9 +25,9 @@ from ._replay import replayable
 from ._triton import tl, triton
 from ._utils import InputError, check_coef, check_inputs, resolve_backend
 from .scan import (
-    WARP_LOCAL_T, chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_row,
-    load_tile, new_outputs, next_column, not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows,
-    scan_tile, state_out, store_state, store_tile, zero_where,
+    WARP_LOCAL_T, chunk, empty_state, from_rows_time, launch, load_coef, load_next_step, load_not_flags, load_row,
+    load_tile, new_outputs, not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile,
+    state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["gae"]
@@ -57,15 +57,8 @@ def _gae_fwd_kernel(
     # SHIFTED: V' is v one step on, and nv holds the last value [*B, *F] (time stride 0), read at t = T - 1 only
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
-    # SHIFT_IN_TILE (batch-major rows of several chunks, whose next step is the next element) in row tiles of
-    # WARP_LOCAL_T steps (a row per warp): V' from the tile's own v one column on (a gather within the warp), its last
-    # column from the chunk after it in time (visited just before: the scan runs backwards), instead of a second load
-    # one element off the first's alignment (sm_90 SASS at 65536 x 2048: 528 -> 424 instructions; H200, 4096 x 512:
-    # 10.0 -> 7.9 µs). Elsewhere the second load: rows of one chunk (H200, the gather 9-14% slower at 4096-65536 x
-    # 128: its v is in L1 already), time-major rows (a whole row of steps on: aligned), look-back chunks, and the
-    # other tiles, whose rows span several warps or share one (the gather went through shared memory: 16384 x 64
-    # 344 -> 504 instructions).
-    IN_TILE: tl.constexpr = SHIFT_IN_TILE and (not LOOKBACK) and BLOCK_T == WARP_LOCAL_T
+    # SHIFT_IN_TILE: batch-major rows of several chunks, whose next step is the next element (``load_next_step``);
+    # time-major rows read a whole row of steps on, aligned
     b_v_after = tl.zeros([BLOCK_R], dtype=ACC)  # [BLOCK_R] v at the first step of the chunk after this one
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
@@ -73,12 +66,9 @@ def _gae_fwd_kernel(
         b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
                                        s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
-        if IN_TILE:
-            b_nv = next_column(b_v, b_v_after)
-            b_v_after = edge_column(b_v, True)
-        elif SHIFTED:
-            b_nv = load_tile(v_ptr, o_o, o_i, o_t + 1, s_v_o, s_v_t, s_v_i, m & (o_t + 1 < T), ACC)
         if SHIFTED:
+            b_nv, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
+                                             SHIFT_IN_TILE, LOOKBACK)
             b_lv = load_row(nv_ptr, o_o, o_i, s_nv_o, s_nv_i, m_r, ACC)  # [BLOCK_R]
             b_nv = tl.where(o_t == T - 1, b_lv[:, None], b_nv)  # [BLOCK_R, BLOCK_T]
         else:

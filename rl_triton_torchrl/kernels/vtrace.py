@@ -36,9 +36,9 @@ from ._replay import replayable
 from ._triton import tl, triton
 from ._utils import check_coef, check_inputs, resolve_backend
 from .scan import (
-    chunk, empty_state, from_rows_time, launch, load_coef, load_not_flags, load_tile, new_outputs, not_flag,
-    row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile_enter, state_out, store_state,
-    store_tile, zero_where,
+    WARP_LOCAL_T, chunk, empty_state, from_rows_time, launch, load_coef, load_next_step, load_not_flags, load_tile,
+    new_outputs, not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile_enter,
+    state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["vtrace"]
@@ -100,10 +100,12 @@ def _vtrace_fwd_kernel(
     SAME_FLAGS: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    V_IN_TILE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
+    # V_IN_TILE: batch-major rows of several chunks, whose next step is the next element (``load_next_step``)
+    b_v_after = tl.zeros([BLOCK_R], dtype=ACC)  # [BLOCK_R] v at the first step of the chunk after this one
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
         b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g = _vtrace_step(
@@ -123,10 +125,9 @@ def _vtrace_fwd_kernel(
         b_h1 = tl.gather(b_hc, tl.broadcast_to(tl.minimum(o_c + 1, BLOCK_T - 1)[None, :], (BLOCK_R, BLOCK_T)), 1)
         b_h1 = tl.where((o_c == BLOCK_T - 1)[None, :], b_enter[:, None], b_h1)  # [BLOCK_R, BLOCK_T]
         # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone
-        o_t1 = o_t + 1
-        m_t1 = o_t1 < T
-        b_v1 = load_tile(v_ptr, o_o, o_i, o_t1, s_v_o, s_v_t, s_v_i, m_r[:, None] & m_t1, ACC)
-        b_v1 = tl.where(m_t1, b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
+        b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
+                                         V_IN_TILE, LOOKBACK)
+        b_v1 = tl.where(o_t + 1 < T, b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         b_vs1 = tl.where(b_nd > 0.0, b_h1 + b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
         store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
@@ -233,5 +234,6 @@ def vtrace(
             coefs={"gamma": gamma, "rho_thresh": rho_thresh, "c_thresh": c_thresh},
             outputs={"adv": adv, "vs": vs},
             initial_state=initial_state, output_final_state=output_final_state,
+            V_IN_TILE=layout.inner == 1 and layout.T > WARP_LOCAL_T.value,
         )
     return (adv, vs, ht) if output_final_state else (adv, vs)
