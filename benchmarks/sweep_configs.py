@@ -2,9 +2,12 @@
 rows, or one program per chunk with look-back) is fastest per shape. Feeds ``scan.launch_config``.
 
     python benchmarks/sweep_configs.py [--preset large,short,long,tiles] [--algorithms gae,vtrace] [--budget-s 240]
+    python benchmarks/sweep_configs.py --preset peer_small --metric graph --algorithms gae_shifted,vtrace
 
-Every configuration is checked against the float64 torch path before it is timed (device time: do_bench median of
-a replayed CUDA graph, L2 flushed); a wrong one is reported as wrong. Writes ``results/<out>/<name>.json`` and a
+Every configuration is checked against the float64 torch path before it is timed (``--metric do_bench``, the
+default: do_bench median of a replayed one-call CUDA graph, L2 flushed; ``--metric graph``: one call captured 50
+times in a CUDA graph, per call, L2 warm, the median of 5 replays: ``bench_peers.py``'s "graph" timing, by which
+target (b) of issue 17 is judged); a wrong one is reported as wrong. Writes ``results/<out>/<name>.json`` and a
 markdown table with each cell's best configuration and the current default's time.
 """
 from __future__ import annotations
@@ -17,9 +20,20 @@ import time
 import torch
 import triton
 
-from _common import copy_bandwidth, device_time_us, environment, wall_time_us, write_results
-from bench_kernels import ALGOS, _tuple, as_float64, check, rollout
+from _common import copy_bandwidth, device_time_us, environment, graph_time_us, wall_time_us, write_results
+from bench_kernels import ALGOS, GAMMA, LMBDA, Algorithm, _tuple, as_float64, check, rollout
+from rl_triton_torchrl import kernels as K
 from rl_triton_torchrl.kernels import scan
+
+# Algorithms the sweep takes besides bench_kernels' ALGOS: GAE in its shifted input mode (V(s_(t+1)) read from the
+# values one step on, the last from ``last_state_value``: how bench_peers.py runs GAE without truncations; no
+# terminated flag, as that mode wants).
+EXTRA_ALGOS = {
+    "gae_shifted": Algorithm(
+        lambda x, be: K.gae(x["r"], x["v"], None, x["d"], gamma=GAMMA, lmbda=LMBDA,
+                            last_state_value=x["nv"][:, -1].contiguous(), backend=be),
+        floats=2, outputs=2, has_terminated=False),
+}
 
 
 def rows_cfg(block_t, block_r, warps, stages=1):
@@ -83,6 +97,22 @@ def _few_rows_candidates(T):
     return out
 
 
+def _peer_small_candidates(T):
+    """rl-triton's small release cells (a few hundred rows, 128-4096 steps: 2-5 µs of device time, where the launch
+    and one round trip to memory are most of it): one row per program in a tile of up to 4096 steps on 1-16 warps,
+    2 or 4 rows per program, 128-step row tiles in 1-4 rows on 1-4 warps, and look-back chunks of 128-step segments.
+    """
+    bt = min(1 << max(1, (T - 1).bit_length()), 4096)
+    out = [rows_cfg(128, r, w) for r, w in ((1, 1), (2, 2), (4, 4), (4, 2), (8, 4))]
+    for width in sorted({min(bt, w) for w in (256, 512, 1024, 2048, 4096)} - {128}):
+        out += [rows_cfg(width, 1, w) for w in (1, 2, 4, 8, 16) if 2 <= width // (32 * w) <= 16]
+        out += [rows_cfg(width, 2, w) for w in (4, 8) if width * 2 <= 4096]
+    for chunk, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8)):
+        if chunk < T:
+            out.append(lookback_cfg(chunk, warps, segments=chunk // 128))
+    return out
+
+
 def _odd_t_candidates(T):
     """Short sequences whose length is no power of two (T = 24: rows of 24 steps in 32-step tiles) and T = 8."""
     bt = 1 << max(1, (T - 1).bit_length())
@@ -115,6 +145,10 @@ PRESETS = {
     # few rows of medium length (issue 17's device-time misses against rl-triton)
     "few_rows": ([(128, 1024), (512, 2048), (64, 512), (128, 512), (16, 2048), (512, 512), (100, 1000),
                   (1000, 1024)], _few_rows_candidates),
+    # rl-triton's release cells of at most 512 rows, where ours took more device time than rl-triton's in most
+    # algorithms at f143092 (bench_peers.md: 2-5 µs against 1.5-3.5 µs by the 50-call graph); time with --metric graph
+    "peer_small": ([(64, 512), (128, 1024), (256, 1024), (512, 128), (512, 512), (512, 2048), (512, 4096)],
+                   _peer_small_candidates),
     # T = 24 (Isaac Lab) and T = 8 with thousands of rows (issue 17's cliffs)
     "odd_t": ([(65536, 24), (16384, 24), (4096, 24), (65536, 8), (4096, 8), (65536, 100)], _odd_t_candidates),
     # the default configuration timed twice in a row: what being first in a cell (after the reference) costs
@@ -192,11 +226,15 @@ def main(argv=None):
     parser.add_argument("--name", default="sweep_configs")
     parser.add_argument("--out", default="h200")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the rollouts' dtype")
+    parser.add_argument("--metric", default="do_bench", choices=("do_bench", "graph"),
+                        help="do_bench: one-call graph, L2 flushed; graph: one call captured 50 times, per call")
     parser.add_argument("--smoke", action="store_true", help="CPU (Triton's interpreter), tiny shapes: tests the script")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     env = environment()
     timer = device_time_us
+    if args.metric == "graph":
+        timer = lambda fn, **kw: (graph_time_us(fn, calls=50, reps=5), "graph")  # noqa: E731
     if args.smoke:
         for k, (shapes, cands) in list(PRESETS.items()):
             PRESETS[k] = ([(3, 40)], lambda T, c=cands: c(T)[:3])
@@ -209,6 +247,7 @@ def main(argv=None):
     rows, default = [], scan.launch_config
     dtype = getattr(torch, args.dtype)
     env["dtype"] = args.dtype
+    env["metric"] = args.metric
     for preset in args.preset.split(","):
         shapes, candidates = PRESETS[preset]
         for B, T in shapes:
@@ -216,7 +255,7 @@ def main(argv=None):
                 if time.perf_counter() - start > args.budget_s:
                     rows.append({"preset": preset, "algorithm": algo, "B": B, "T": T, "status": "not run (budget)"})
                     continue
-                spec = ALGOS[algo]
+                spec = {**ALGOS, **EXTRA_ALGOS}[algo]
                 x = rollout(B, T, dtype, "with")
                 if preset in TIME_MAJOR:
                     x = {k: time_major(v) for k, v in x.items()}
