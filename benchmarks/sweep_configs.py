@@ -149,6 +149,12 @@ PRESETS = {
     # algorithms at f143092 (bench_peers.md: 2-5 µs against 1.5-3.5 µs by the 50-call graph); time with --metric graph
     "peer_small": ([(64, 512), (128, 1024), (256, 1024), (512, 128), (512, 512), (512, 2048), (512, 4096)],
                    _peer_small_candidates),
+    # where the look-back mode's one program per chunk stops paying, against one wide tile per row walked in turn
+    # (peer_small at 512 x 4096: the per-row tiles faster in all four kernels swept)
+    "lookback_rows": ([(64, 4096), (128, 4096), (256, 4096), (512, 4096), (256, 8192), (512, 8192), (512, 16384)],
+                      lambda T: [rows_cfg(2048, 1, 8), rows_cfg(1024, 1, 8), rows_cfg(2048, 1, 4),
+                                 lookback_cfg(2048, 4), lookback_cfg(512, 4, segments=4),
+                                 lookback_cfg(4096, 4, segments=32)]),
     # T = 24 (Isaac Lab) and T = 8 with thousands of rows (issue 17's cliffs)
     "odd_t": ([(65536, 24), (16384, 24), (4096, 24), (65536, 8), (4096, 8), (65536, 100)], _odd_t_candidates),
     # the default configuration timed twice in a row: what being first in a cell (after the reference) costs
