@@ -15,6 +15,8 @@ from torchrl.objectives.value.functional import vtrace_advantage_estimate
 from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, randn, window_states, windows
 from test_algorithms import make_inputs
 from rl_triton_torchrl.kernels import reference as R
+from rl_triton_torchrl.kernels import scan
+from rl_triton_torchrl.kernels._utils import check_inputs
 from rl_triton_torchrl.kernels.retrace import retrace, retrace_discrete
 from rl_triton_torchrl.kernels.vtrace import vtrace
 
@@ -181,9 +183,6 @@ def test_vtrace_warp_local_tiles(T, pattern, monkeypatch):
     """Batch-major rows in 128-step tiles (the few-rows rule off): rows of one chunk (partial, whole) read V_(t+1)
     one step on; rows of several chunks (one step past one, several) take it from the tile's own values one column
     on and its last column from the chunk after it in time; with a carried state and the final state."""
-    from rl_triton_torchrl.kernels import scan
-    from rl_triton_torchrl.kernels._utils import check_inputs
-
     monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
     layout = check_inputs(-2, {"x": torch.empty((3, T, 1), device="meta")}, {})
     assert scan.launch_config(layout, "_vtrace_fwd_kernel")["BLOCK_T"] == scan.WARP_LOCAL_T

@@ -395,8 +395,9 @@ def load_next_step(base, b_x, b_x_after, o_o, o_i, o_t, s_o, s_t, s_i, m, T, ACC
     first chunk in scan order: the column past T). Else a second load one element on, off the first's alignment:
     rows of one chunk (whose tile is in L1 already: H200, GAE at 4096-65536 x 128, the gather 9-14% slower), the
     look-back chunks, and tiles whose rows span several warps or share one (the gather goes through shared memory:
-    sm_90 SASS of GAE at 16384 x 64, 344 -> 504 instructions). In rows of several chunks, sm_90 SASS of GAE at
-    65536 x 2048: 528 -> 424 instructions; H200, 4096 x 512: 10.0 -> 7.9 µs.
+    sm_90 SASS of GAE at 16384 x 64, 344 -> 504 instructions). In rows of several chunks, sm_90 SASS at 65536 x 2048:
+    GAE's shifted mode 528 -> 424 instructions, V-trace 672 -> 512; H200, 4096 x 512: GAE 10.0 -> 7.9 µs, V-trace
+    20.4 -> 19.0 (benchmarks/results/h200/bench_peers_vtrace_fbd8185.md).
     """
     if IN_TILE and (not LOOKBACK) and b_x.shape[1] == WARP_LOCAL_T:
         b_next = next_column(b_x, b_x_after)
