@@ -155,6 +155,10 @@ PRESETS = {
                       lambda T: [rows_cfg(2048, 1, 8), rows_cfg(1024, 1, 8), rows_cfg(2048, 1, 4),
                                  lookback_cfg(2048, 4), lookback_cfg(512, 4, segments=4),
                                  lookback_cfg(4096, 4, segments=32)]),
+    # one wide tile per row (the few-rows rule): tile width against warps over the rows it covers (peer_small: 4 warps
+    # faster than 8 for 512-step tiles at 512 rows, 8 faster for 2048-step ones)
+    "wide_warps": ([(B, T) for B in (256, 512, 768, 1024) for T in (512, 1024, 2048)],
+                   lambda T: [rows_cfg(w, 1, n) for w in (512, 1024, 2048) if w <= T for n in (4, 8)]),
     # T = 24 (Isaac Lab) and T = 8 with thousands of rows (issue 17's cliffs)
     "odd_t": ([(65536, 24), (16384, 24), (4096, 24), (65536, 8), (4096, 8), (65536, 100)], _odd_t_candidates),
     # the default configuration timed twice in a row: what being first in a cell (after the reference) costs

@@ -19,15 +19,25 @@ pytestmark = [pytest.mark.triton,
                                  reason="needs a CUDA device or Triton's interpreter")]
 
 
-@pytest.mark.parametrize("shape,block_t,warps", [
-    ((128, 1024, 1), 1024, 8), ((512, 2048, 1), 2048, 8), ((1000, 1000, 1), 1024, 4), ((16, 3000, 1), 2048, 8),
-    ((64, 129, 1), 256, 8)])
-def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps):
+@pytest.mark.parametrize("shape,block_t,warps,vtrace_block_t", [
+    ((128, 1024, 1), 1024, 8, 1024), ((511, 2048, 1), 2048, 8, 1024), ((16, 3000, 1), 2048, 8, 1024),
+    ((64, 129, 1), 256, 8, 256),
+    # from WIDE_FEW_WARPS_ROWS rows on: 4 warps, tiles half as wide
+    ((512, 2048, 1), 1024, 4, 512), ((1000, 1000, 1), 1024, 4, 512), ((600, 300, 1), 512, 4, 512),
+    # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back
+    ((64, 4096, 1), 2048, 8, 1024), ((512, 8192, 1), 1024, 4, 512)])
+def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_t):
     cfg = scan.launch_config(_layout(shape), "_gae_fwd_kernel")
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"], cfg["LOOKBACK"]) == (1, block_t, warps, 0)
     assert cfg["grid"] == (shape[0],)
     assert "maxnreg" not in cfg  # register caps are for the 128-step row tiles
-    assert scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")["BLOCK_T"] == min(block_t, 1024)
+    assert scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")["BLOCK_T"] == vtrace_block_t
+
+
+@pytest.mark.parametrize("shape", [(63, 4096, 1), (16, 5000, 1), (64, 16384, 1), (512, 20000, 1)])
+def test_long_rows_in_few_rows_take_the_look_back(shape):
+    """Fewer than LOOKBACK_MANY_ROWS rows from LOOKBACK_MIN_T steps, more from LOOKBACK_MANY_ROWS_MIN_T steps."""
+    assert scan.launch_config(_layout(shape), "_gae_fwd_kernel")["LOOKBACK"] == scan.LOOKBACK_WINDOW
 
 
 @pytest.mark.parametrize("shape", [(1025, 1024, 1), (4096, 512, 1), (128, 128, 1), (128, 64, 1)])

@@ -61,8 +61,14 @@ TILE_ELEMENTS = 512
 # programs one after another, walks the look-back over aggregates and across windows.
 # The sizes are the H200 sweep's (benchmarks/results/h200/sweep_configs.md): 2048-step chunks on 4 warps were the
 # fastest or within 7% at every long shape; the per-row kernels stay faster from about 1024 rows of 8192 steps.
+# From LOOKBACK_MANY_ROWS rows on the mode waits for LOOKBACK_MANY_ROWS_MIN_T steps: H200, 64-512 rows of 4096 and
+# 8192 steps by the 50-call graph (sweep_lookback_wide.md), one wide tile per row walked in turn against the
+# look-back chunks: GAE's shifted mode 1.0-1.4x, the discounted return 1.1-1.5x, traces 1.3-1.6x faster
+# (512 x 4096: 23.3 -> 15.7-18.0 µs, 11.8 -> 10.2-10.6, 10.9 -> 6.7), V-trace level or faster (256 x 4096 18.9 ->
+# 15.4); at 512 x 16384 the discounted return was 7% slower per row (GAE 10% faster): the mode stays there.
 LOOKBACK_MIN_T = 4096
 LOOKBACK_MAX_ROWS = 512
+LOOKBACK_MANY_ROWS, LOOKBACK_MANY_ROWS_MIN_T = 64, 16384
 LOOKBACK_BLOCK_T = 2048
 LOOKBACK_WARPS = 4
 # The kernels named in LOOKBACK_SEGMENTED scan a look-back chunk as a tile of LOOKBACK_SEGMENTS segments (rows) of
@@ -117,10 +123,14 @@ TILE256_STAGES = {
 # 8 warps (the former rule); 4096 x 8: GAE 10.7 -> 5.9 µs.
 SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # Few rows of more than WARP_LOCAL_T steps (at most WIDE_MAX_ROWS rows, 256 programs of 4 rows: under two per SM):
-# one row per program in one tile of up to WIDE_MAX_T steps, on WIDE_WARPS warps (4 from WIDE_FEW_WARPS_ROWS rows on),
-# instead of 128-step chunks walked one after another by one warp per row. H200 (sweep_few_rows_odd_t.md), every
-# algorithm swept: 128 x 1024 GAE 18.8 -> 7.4 µs, V-trace 26.9 -> 9.0 µs; 512 x 2048 GAE 34.6 -> 14.0 µs; 1000 x 1024
-# GAE 21.6 -> 13.8 µs (4 warps). V-trace keeps tiles of up to 1024 steps (its registers: 512 x 2048 23 µs, was 50).
+# one row per program in one tile of up to WIDE_MAX_T steps, on WIDE_WARPS warps, instead of 128-step chunks walked
+# one after another by one warp per row. H200 (sweep_few_rows_odd_t.md), every algorithm swept: 128 x 1024 GAE
+# 18.8 -> 7.4 µs, V-trace 26.9 -> 9.0 µs; 512 x 2048 GAE 34.6 -> 14.0 µs; 1000 x 1024 GAE 21.6 -> 13.8 µs (4 warps).
+# V-trace keeps tiles of up to 1024 steps (its registers: 512 x 2048 23 µs, was 50). From WIDE_FEW_WARPS_ROWS rows
+# on: 4 warps and tiles of half that width (H200, 512-1024 rows of 512-2048 steps by the 50-call graph,
+# sweep_lookback_wide.md, against 8 warps at 512 rows and whole-width tiles: V-trace 1.1-1.3x faster, 512 x 2048
+# 16.1 -> 12.9 µs; GAE's shifted mode up to 1.2x, 1024 x 2048 19.0 -> 16.2; the others level or faster but traces
+# at 512 x 2048, 4.25 -> 4.55 µs, and the discounted return at 1024 x 2048, 10.0 -> 10.3).
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_MAX_T_PER_KERNEL = {"_vtrace_fwd_kernel": 1024}
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
@@ -615,9 +625,10 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps (short
     sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
     ``TIME_MAJOR_BLOCK_T`` tiles on one warp; sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
-    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps); or, for long
-    float32 sequences in too few rows to fill the GPU that way, one program per chunk of ``LOOKBACK_BLOCK_T``
-    steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
+    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps, from ``WIDE_FEW_WARPS_ROWS`` rows on
+    in tiles half as wide on 4 warps); or, for long float32 sequences in too few rows to fill the GPU that way (from
+    ``LOOKBACK_MANY_ROWS`` rows on, only from ``LOOKBACK_MANY_ROWS_MIN_T`` steps), one program per chunk of
+    ``LOOKBACK_BLOCK_T`` steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
     ``LOOKBACK_SEGMENTED``) with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back
     window). The look-back composes a chunk's entering state from whichever predecessors have published, so its
     rounding may differ in the last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the
@@ -627,6 +638,7 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     ``TILE256_T``-step row tiles, for the kernels ``TILE256_STAGES`` names for the inputs' element size.
     """
     if (layout.acc_dtype == torch.float32 and layout.T >= LOOKBACK_MIN_T and layout.rows <= LOOKBACK_MAX_ROWS
+            and (layout.rows < LOOKBACK_MANY_ROWS or layout.T >= LOOKBACK_MANY_ROWS_MIN_T)
             and LOOKBACK_WINDOW and not torch.are_deterministic_algorithms_enabled()):
         block_r, block_t = 1, LOOKBACK_BLOCK_T
         if kernel_name in LOOKBACK_SEGMENTED:
@@ -641,8 +653,10 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     elif SHORT_MIN_T <= layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
         block_r, num_warps = SHORT_BLOCK_R, SHORT_WARPS
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
-        block_t = min(_pow2(layout.T), WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T))
-        block_r, num_warps = 1, (WIDE_WARPS if layout.rows <= WIDE_FEW_WARPS_ROWS else 4)
+        few = layout.rows < WIDE_FEW_WARPS_ROWS
+        max_t = WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T)
+        block_t = min(_pow2(layout.T), max_t if few else max_t // 2)
+        block_r, num_warps = 1, (WIDE_WARPS if few else 4)
     elif (kernel_name in TILE256_STAGES.get(layout.dtype.itemsize, ()) and layout.inner == 1
           and layout.T >= TILE256_MIN_T and layout.rows >= TILE256_MIN_ROWS):
         block_r, block_t, num_warps = TILE256_BLOCK_R, TILE256_T, TILE256_BLOCK_R
@@ -919,6 +933,7 @@ _VIEW_FACTS = operator.attrgetter("shape", "dtype", "device")
 # replayed under other constants. (The dicts and sets among them are replaced to change them, never mutated.)
 _CONFIG_NAMES = frozenset({
     "launch_config", "MAX_BLOCK_T", "TILE_ELEMENTS", "LOOKBACK_MIN_T", "LOOKBACK_MAX_ROWS", "LOOKBACK_BLOCK_T",
+    "LOOKBACK_MANY_ROWS", "LOOKBACK_MANY_ROWS_MIN_T",
     "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
