@@ -62,10 +62,10 @@ TILE_ELEMENTS = 512
 # The sizes are the H200 sweep's (benchmarks/results/h200/sweep_configs.md): 2048-step chunks on 4 warps were the
 # fastest or within 7% at every long shape; the per-row kernels stay faster from about 1024 rows of 8192 steps.
 # From LOOKBACK_MANY_ROWS rows on the mode waits for LOOKBACK_MANY_ROWS_MIN_T steps: H200, 64-512 rows of 4096 and
-# 8192 steps by the 50-call graph (sweep_lookback_wide.md), one wide tile per row walked in turn against the
-# look-back chunks: GAE's shifted mode 1.0-1.4x, the discounted return 1.1-1.5x, traces 1.3-1.6x faster
-# (512 x 4096: 23.3 -> 15.7-18.0 µs, 11.8 -> 10.2-10.6, 10.9 -> 6.7), V-trace level or faster (256 x 4096 18.9 ->
-# 15.4); at 512 x 16384 the discounted return was 7% slower per row (GAE 10% faster): the mode stays there.
+# 8192 steps by the 50-call graph (sweep_lookback_wide.md), one wide tile per row (2048 steps, 1024 for V-trace, on
+# 8 warps) walked in turn against the look-back chunks: GAE's shifted mode 1.0-1.4x, the discounted return
+# 1.0-1.4x, traces 1.3-1.6x faster (512 x 4096: 23.3 -> 18.0 µs, 11.8 -> 10.6, 10.9 -> 6.7), V-trace level or faster
+# (256 x 4096 18.9 -> 15.4); at 512 x 16384 the discounted return was 7% slower per row: the mode stays there.
 LOOKBACK_MIN_T = 4096
 LOOKBACK_MAX_ROWS = 512
 LOOKBACK_MANY_ROWS, LOOKBACK_MANY_ROWS_MIN_T = 64, 16384
@@ -123,14 +123,14 @@ TILE256_STAGES = {
 # 8 warps (the former rule); 4096 x 8: GAE 10.7 -> 5.9 µs.
 SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # Few rows of more than WARP_LOCAL_T steps (at most WIDE_MAX_ROWS rows, 256 programs of 4 rows: under two per SM):
-# one row per program in one tile of up to WIDE_MAX_T steps, on WIDE_WARPS warps, instead of 128-step chunks walked
-# one after another by one warp per row. H200 (sweep_few_rows_odd_t.md), every algorithm swept: 128 x 1024 GAE
-# 18.8 -> 7.4 µs, V-trace 26.9 -> 9.0 µs; 512 x 2048 GAE 34.6 -> 14.0 µs; 1000 x 1024 GAE 21.6 -> 13.8 µs (4 warps).
-# V-trace keeps tiles of up to 1024 steps (its registers: 512 x 2048 23 µs, was 50). From WIDE_FEW_WARPS_ROWS rows
-# on: 4 warps and tiles of half that width (H200, 512-1024 rows of 512-2048 steps by the 50-call graph,
-# sweep_lookback_wide.md, against 8 warps at 512 rows and whole-width tiles: V-trace 1.1-1.3x faster, 512 x 2048
-# 16.1 -> 12.9 µs; GAE's shifted mode up to 1.2x, 1024 x 2048 19.0 -> 16.2; the others level or faster but traces
-# at 512 x 2048, 4.25 -> 4.55 µs, and the discounted return at 1024 x 2048, 10.0 -> 10.3).
+# one row per program in one tile of up to WIDE_MAX_T steps, on WIDE_WARPS warps (4 above WIDE_FEW_WARPS_ROWS rows),
+# instead of 128-step chunks walked one after another by one warp per row. H200 (sweep_few_rows_odd_t.md), every
+# algorithm swept: 128 x 1024 GAE 18.8 -> 7.4 µs, V-trace 26.9 -> 9.0 µs; 512 x 2048 GAE 34.6 -> 14.0 µs; 1000 x 1024
+# GAE 21.6 -> 13.8 µs (4 warps). V-trace keeps tiles of up to 1024 steps (its registers: 512 x 2048 23 µs, was 50).
+# Tried and not taken (bench_peers_rule_2e98857.md): from 512 rows on, 4 warps and tiles half as wide. By the 50-call
+# graph (sweep_lookback_wide.md) V-trace 1.1-1.3x faster at 512-1024 rows of 1024-2048 steps (512 x 2048 16.1 ->
+# 12.9 µs) and GAE up to 1.2x, but rows just past a tile (T = 1025, 2047: misaligned, one more chunk walked in turn)
+# 2.1-3.0x slower at 512-1000 rows (1000 x 1025 15.2 -> 46.3 µs).
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_MAX_T_PER_KERNEL = {"_vtrace_fwd_kernel": 1024}
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
@@ -625,8 +625,7 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps (short
     sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
     ``TIME_MAJOR_BLOCK_T`` tiles on one warp; sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
-    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps, from ``WIDE_FEW_WARPS_ROWS`` rows on
-    in tiles half as wide on 4 warps); or, for long float32 sequences in too few rows to fill the GPU that way (from
+    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps); or, for long float32 sequences in too few rows to fill the GPU that way (from
     ``LOOKBACK_MANY_ROWS`` rows on, only from ``LOOKBACK_MANY_ROWS_MIN_T`` steps), one program per chunk of
     ``LOOKBACK_BLOCK_T`` steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
     ``LOOKBACK_SEGMENTED``) with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back
@@ -653,10 +652,8 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     elif SHORT_MIN_T <= layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
         block_r, num_warps = SHORT_BLOCK_R, SHORT_WARPS
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
-        few = layout.rows < WIDE_FEW_WARPS_ROWS
-        max_t = WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T)
-        block_t = min(_pow2(layout.T), max_t if few else max_t // 2)
-        block_r, num_warps = 1, (WIDE_WARPS if few else 4)
+        block_t = min(_pow2(layout.T), WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T))
+        block_r, num_warps = 1, (WIDE_WARPS if layout.rows <= WIDE_FEW_WARPS_ROWS else 4)
     elif (kernel_name in TILE256_STAGES.get(layout.dtype.itemsize, ()) and layout.inner == 1
           and layout.T >= TILE256_MIN_T and layout.rows >= TILE256_MIN_ROWS):
         block_r, block_t, num_warps = TILE256_BLOCK_R, TILE256_T, TILE256_BLOCK_R
