@@ -625,10 +625,10 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps (short
     sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
     ``TIME_MAJOR_BLOCK_T`` tiles on one warp; sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
-    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps); or, for long float32 sequences in too few rows to fill the GPU that way (from
-    ``LOOKBACK_MANY_ROWS`` rows on, only from ``LOOKBACK_MANY_ROWS_MIN_T`` steps), one program per chunk of
-    ``LOOKBACK_BLOCK_T`` steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
-    ``LOOKBACK_SEGMENTED``) with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back
+    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps); or, for long float32 sequences in
+    too few rows to fill the GPU that way (from ``LOOKBACK_MANY_ROWS`` rows on, only from ``LOOKBACK_MANY_ROWS_MIN_T``
+    steps), one program per chunk of ``LOOKBACK_BLOCK_T`` steps (or of ``LOOKBACK_SEGMENTS`` segments of
+    ``LOOKBACK_SEGMENT_T`` steps, for the kernels in ``LOOKBACK_SEGMENTED``) with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back
     window). The look-back composes a chunk's entering state from whichever predecessors have published, so its
     rounding may differ in the last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the
     per-row kernels run. ``WARP_LOCAL_T``-step row tiles with float32 accumulation pipeline the chunk loop of a kernel
