@@ -34,6 +34,7 @@ EXTRA_ALGOS = {
                             last_state_value=x["nv"][:, -1].contiguous(), backend=be),
         floats=2, outputs=2, has_terminated=False),
 }
+SWEPT_ALGOS = {**ALGOS, **EXTRA_ALGOS}
 
 
 def rows_cfg(block_t, block_r, warps, stages=1):
@@ -265,7 +266,7 @@ def main(argv=None):
                 if time.perf_counter() - start > args.budget_s:
                     rows.append({"preset": preset, "algorithm": algo, "B": B, "T": T, "status": "not run (budget)"})
                     continue
-                spec = {**ALGOS, **EXTRA_ALGOS}[algo]
+                spec = SWEPT_ALGOS[algo]
                 x = rollout(B, T, dtype, "with")
                 if preset in TIME_MAJOR:
                     x = {k: time_major(v) for k, v in x.items()}
