@@ -118,6 +118,7 @@ def _first_call_child(argv) -> None:
     parser.add_argument("--B", type=int)
     parser.add_argument("--T", type=int)
     parser.add_argument("--algorithms")
+    parser.add_argument("--no-triton-init", action="store_true", help="no trivial Triton launch before ours")
     a = parser.parse_args(argv)
     out = {"triton_cache_dir": os.environ.get("TRITON_CACHE_DIR")}
     start = time.perf_counter()
@@ -139,10 +140,11 @@ def _first_call_child(argv) -> None:
     import bench_peers as bp  # this file as a module: its rollout and calls (not timed)
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    start = time.perf_counter()
-    bp.touch_triton()
-    sync()
-    out["triton_init_s"] = time.perf_counter() - start  # Triton's own first launch of a trivial kernel
+    if not a.no_triton_init:
+        start = time.perf_counter()
+        bp.touch_triton()
+        sync()
+        out["triton_init_s"] = time.perf_counter() - start  # Triton's own first launch of a trivial kernel
     x = bp.rollout(a.B, a.T, fields=bp.ALL_FIELDS)
     sync()
     calls = []
@@ -157,6 +159,9 @@ def _first_call_child(argv) -> None:
         sync()
         calls.append({"algorithm": algo, "first_call_s": first, "second_call_s": time.perf_counter() - start})
     out["calls"] = calls
+    from rl_triton_torchrl.kernels import _aot
+
+    out["aot"] = dict(_aot.STATS, dirs=[str(d) for d in _aot.DIRS])
     print("FIRST_CALL_JSON " + json.dumps(out), flush=True)
 
 
@@ -1036,14 +1041,25 @@ def part_first_call(run: Run):
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), str(HERE), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--first-call-child", "--B", str(B), "--T", str(T),
            "--algorithms", ",".join(args.algorithms)]
-    for state in ("fresh", "warm"):
+    # fresh: an empty Triton cache; warm: the cache the fresh process filled; aot: another empty Triton cache and the
+    # bundle of precompiled kernels ``--aot-dir`` (``python -m rl_triton_torchrl.kernels.precompile``), with no
+    # launch of Triton's own before ours (a bundle needs none)
+    states = ("fresh", "warm") + (("aot",) if args.aot_dir else ())
+    aot_cache = Path(tempfile.mkdtemp(prefix="bench_peers_triton_cache_aot_"))
+    env.pop("RL_TRITON_TORCHRL_AOT_DIR", None)
+    for state in states:
         base = {"part": "first_call", "cache": state, "B": B, "T": T}
         if run.left_s("first_call") <= 0:
             run.rows.append({**base, "name": "process", "status": "not run (budget spent)"})
             continue
         start = time.perf_counter()
+        child_env, child_cmd = env, cmd
+        if state == "aot":
+            child_env = dict(env, TRITON_CACHE_DIR=str(aot_cache), RL_TRITON_TORCHRL_AOT_DIR=str(args.aot_dir))
+            child_cmd = cmd + ["--no-triton-init"]
         try:
-            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.child_timeout_s)
+            res = subprocess.run(child_cmd, env=child_env, capture_output=True, text=True,
+                                 timeout=args.child_timeout_s)
             line = next((ln for ln in res.stdout.splitlines() if ln.startswith("FIRST_CALL_JSON ")), None)
             if line is None:
                 raise RuntimeError(f"exit {res.returncode}: {(res.stderr or res.stdout).strip()[-500:]}")
@@ -1053,14 +1069,18 @@ def part_first_call(run: Run):
             continue
         process_s = time.perf_counter() - start
         run.rows.append({**base, "name": "process", "status": "ok", "process_s": process_s,
-                         **{k: data[k] for k in ("import_torch_s", "cuda_init_s", "import_package_s",
-                                                 "triton_init_s")}})
+                         **{k: data.get(k) for k in ("import_torch_s", "cuda_init_s", "import_package_s",
+                                                     "triton_init_s")},
+                         **{f"aot_{k}": v for k, v in data.get("aot", {}).items() if k != "dirs"}})
         for c in data["calls"]:
             run.rows.append({**base, "name": c["algorithm"], "algorithm": c["algorithm"], "status": "ok",
                              "first_call_s": c["first_call_s"], "second_call_s": c["second_call_s"]})
         run.save()
     run.env["first_call_cache_files"] = sum(1 for _ in cache.rglob("*") if _.is_file())
+    if args.aot_dir:  # what the process with the bundle compiled itself (0: every kernel of ours was loaded)
+        run.env["first_call_aot_cache_files"] = sum(1 for _ in aot_cache.rglob("*.cubin"))
     shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(aot_cache, ignore_errors=True)
     print(f"first_call done at {time.perf_counter() - _STARTED:.0f} s", flush=True)
 
 
@@ -1398,6 +1418,8 @@ def parse_args(argv=None):
     parser.add_argument("--module-calls", type=int, default=None, help="calls per estimator-module wall time "
                         "(default: bench_estimators', as many as fit in 0.5 s, at most 200)")
     parser.add_argument("--child-timeout-s", type=float, default=120)
+    parser.add_argument("--aot-dir", help="first_call: a third process, with an empty Triton cache and this bundle "
+                        "of precompiled kernels (python -m rl_triton_torchrl.kernels.precompile)")
     parser.add_argument("--out", default="h200" if DEVICE == "cuda" else "cpu",
                         help="subdirectory of benchmarks/results, or a path")
     parser.add_argument("--name", default="bench_peers")

@@ -5,7 +5,9 @@ prepares launch metadata and hooks, on every call: about 36 µs of host time per
 on an H200 host, four times the kernel's own time at common RL sizes. ``launcher(kernel)(grid, num_warps, **kwargs)``
 does the same launch with less work. The first call of each specialization takes the plain path,
 ``kernel[grid](**kwargs, num_warps=num_warps)`` (which compiles, or finds the compiled kernel in Triton's cache), and
-remembers the ``CompiledKernel`` it returns under a key of the specialization (``Specializer``). Later calls with that
+remembers the ``CompiledKernel`` it returns under a key of the specialization (``Specializer``); where a bundle of
+precompiled kernels holds that specialization (``_aot``: ``RL_TRITON_TORCHRL_AOT_DIR``), the first call loads it from
+there instead of compiling. Later calls with that
 key call the compiled kernel's own launcher, ``CompiledKernel.run(grid0, grid1, grid2, stream, function,
 packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``, on the current device and its current stream (a
 CUDA graph capture included), as ``JITFunction.run`` does when no launch hook is set.
@@ -163,9 +165,9 @@ def _idle(hook) -> bool:
 
 
 class _Compiled(NamedTuple):
-    """What a lean launch needs of a ``CompiledKernel``."""
+    """What a lean launch needs of a ``CompiledKernel`` (or of a precompiled kernel: ``_aot.find``)."""
 
-    kernel: object  # the CompiledKernel, returned as kernel[grid] returns it
+    kernel: object  # the CompiledKernel, returned as kernel[grid] returns it (None: a precompiled kernel)
     run: object
     function: int
     packed_metadata: tuple
@@ -196,6 +198,11 @@ class Launcher:
                     hit = self.compiled.get(key)
                     if hit is not None:
                         replay(hit, grid, settings[0], args)
+                        return hit.kernel
+                    hit = _aot.find(self.kernel, settings, kwargs, num_warps, maxnreg)  # a precompiled kernel
+                    if hit is not None:
+                        replay(hit, grid, settings[0], args)
+                        self._keep(key, hit)
                         return hit.kernel
         except Exception:  # noqa: BLE001 - anything unexpected: the plain path (which raises Triton's own error)
             key = None
@@ -275,6 +282,9 @@ class Launcher:
                               native(compiled, self.specializer.names))
         except AttributeError:  # the interpreter's None, or another Triton
             return
+        self._keep(key, entry)
+
+    def _keep(self, key: tuple, entry: _Compiled) -> None:
         if len(self.compiled) >= MAX_SPECIALIZATIONS:
             self.compiled.clear()
         self.compiled[key] = entry
@@ -501,29 +511,39 @@ class PreparedLaunch(NamedTuple):
 
 def native(compiled, names: tuple) -> NativeLaunch | None:
     """The ``NativeLaunch`` of a ``CompiledKernel`` whose parameters are ``names``, or None where its launch is not
-    a plain ``cuLaunchKernel`` as Triton 3.6 makes it (clusters, programmatic dependent launch, cooperative grid,
-    scratch memory, a parameter type outside ``_FORMATS``, no driver library) or anything is unexpected."""
+    a plain ``cuLaunchKernel`` as Triton 3.6 makes it (``launch_params``), there is no driver library, or anything
+    is unexpected."""
     try:
-        md = compiled.metadata
-        if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_pdl", False)
-                or getattr(md, "launch_cooperative_grid", False) or md.global_scratch_size
-                or md.profile_scratch_size or _driver_launch() is None):
+        params = launch_params(compiled.metadata, compiled.src.signature, names)
+        if params is None or _driver_launch() is None:
             return None
-        signature = compiled.src.signature
-        if tuple(signature) != tuple(names):
-            return None
-        params = []
-        for name, ty in signature.items():
-            if ty == "constexpr":
-                continue
-            fmt = "Q" if isinstance(ty, str) and ty.startswith("*") else _FORMATS.get(ty)
-            if fmt is None:
-                return None
-            params.append((name, fmt))
         compiled.run  # loads the binary: the function handle
-        return NativeLaunch(int(compiled.function), 32 * md.num_warps, md.shared, tuple(params))
+        md = compiled.metadata
+        return NativeLaunch(int(compiled.function), 32 * md.num_warps, md.shared, params)
     except Exception:  # noqa: BLE001 - e.g. another Triton's metadata: Triton's launcher
         return None
+
+
+def launch_params(metadata, signature: dict, names: tuple) -> tuple | None:
+    """The (name, struct format) of each parameter the driver passes a kernel compiled with ``metadata`` and
+    ``signature`` (name -> Triton type) whose parameters are ``names``, in order; None where its launch is not a
+    plain ``cuLaunchKernel`` as Triton 3.6 makes it: clusters, programmatic dependent launch, a cooperative grid,
+    scratch memory, a parameter type outside ``_FORMATS``, parameters other than ``names``."""
+    md = metadata
+    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_pdl", False)
+            or getattr(md, "launch_cooperative_grid", False) or md.global_scratch_size or md.profile_scratch_size):
+        return None
+    if tuple(signature) != tuple(names):
+        return None
+    params = []
+    for name, ty in signature.items():
+        if ty == "constexpr":
+            continue
+        fmt = "Q" if isinstance(ty, str) and ty.startswith("*") else _FORMATS.get(ty)
+        if fmt is None:
+            return None
+        params.append((name, fmt))
+    return tuple(params)
 
 
 _LIBCUDA = None  # the driver's cuLaunchKernel, or False where it cannot be loaded
@@ -561,3 +581,6 @@ def _driver_error(code: int) -> str:
     if _LIBCUDA and _LIBCUDA[1] is not None and _LIBCUDA[1](code, ctypes.byref(text)) == 0 and text.value:
         return f"{text.value.decode()} (CUresult {code})"
     return f"CUresult {code}"
+
+
+from . import _aot  # noqa: E402  (it builds on this module)
