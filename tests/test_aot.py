@@ -116,6 +116,7 @@ def loads(monkeypatch):
         return 4321
 
     monkeypatch.setattr(_aot, "_load", load)
+    monkeypatch.setattr(_launcher, "_driver_launch", lambda: load)  # a driver launch exists (never called here)
     return calls
 
 
@@ -149,7 +150,7 @@ def test_a_bundle_is_not_consulted_without_dirs(sm90, monkeypatch):
     assert _aot.find(JITFunction(_axpy), SETTINGS, _args(), 4, None) is None
 
 
-@pytest.mark.parametrize("damage", ["key", "cubin", "load"])
+@pytest.mark.parametrize("damage", ["key", "cubin", "load", "driver"])
 def test_a_damaged_entry_is_compiled_instead_and_said_once(sm90, tmp_path, monkeypatch, loads, damage):
     kernel, args = JITFunction(_axpy), _args()
     path = _bundle(tmp_path, kernel, args)
@@ -158,12 +159,14 @@ def test_a_damaged_entry_is_compiled_instead_and_said_once(sm90, tmp_path, monke
         path.write_text(json.dumps({**json.loads(path.read_text()), "key": "another"}))
     elif damage == "cubin":
         path.with_suffix(".cubin").unlink()
+    elif damage == "driver":  # no libcuda to launch with
+        monkeypatch.setattr(_launcher, "_driver_launch", lambda: None)
     else:
         def fail(*args):
             raise RuntimeError("cuModuleLoadData failed: CUresult 200")
 
         monkeypatch.setattr(_aot, "_load", fail)
-    with pytest.warns(RuntimeWarning, match="could not be loaded"):
+    with pytest.warns(RuntimeWarning, match="could not be loaded from"):
         assert _aot.find(kernel, SETTINGS, args, 4, None) is None
     assert _aot.find(kernel, SETTINGS, args, 4, None) is None  # not tried again, not said again
     assert _aot.STATS["failed"] == 1 and _aot.STATS["loaded"] == 0
@@ -219,11 +222,13 @@ def test_launcher_compiles_where_the_precompiled_launch_fails(recorder, monkeypa
     lean, plain, found = recorder
 
     def fail(*args):
-        raise _launcher.LaunchError(_launcher.NO_CONTEXT)
+        raise _launcher.LaunchError(700)
 
     monkeypatch.setattr(_Compiled, "run", fail)
-    lean((3,), 4, **_args())
+    with pytest.warns(RuntimeWarning, match="could not be launched .*cuLaunchKernel failed"):
+        lean((3,), 4, **_args())
     assert len(plain) == 1 and len(found) == 1 and not lean.compiled  # compiled the plain way; nothing kept
+    assert _aot.STATS["failed"] == 1
 
 
 def test_plain_path_never_consults_a_bundle(recorder, monkeypatch):

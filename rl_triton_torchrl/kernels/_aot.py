@@ -86,14 +86,13 @@ def find(kernel, settings: tuple, kwargs: dict, num_warps: int, maxnreg: int | N
             meta = json.loads(path.read_text())
             if meta["key"] != text:
                 raise ValueError("the entry's key is not this launch's")
+            if _launcher._driver_launch() is None:  # what a NativeLaunch calls
+                raise RuntimeError("no cuLaunchKernel: the CUDA driver's library could not be loaded")
             function = _load(path.with_suffix(".cubin").read_bytes(), meta["name"], meta["shared"])
             native = NativeLaunch(function, 32 * meta["num_warps"], meta["shared"],
                                   tuple(map(tuple, meta["params"])))
         except Exception as e:  # noqa: BLE001 - a damaged entry, no driver, no context: compiled as before
-            STATS["failed"] += 1
-            if STATS["failed"] == 1:
-                warnings.warn(f"rl_triton_torchrl: a precompiled kernel could not be loaded from {path} ({e!r}); "
-                              "it is compiled instead", RuntimeWarning, stacklevel=4)
+            _failed(f"loaded from {path}", e)
             return None
         STATS["loaded"] += 1
         names = tuple(p.name for p in kernel.params)
@@ -102,6 +101,22 @@ def find(kernel, settings: tuple, kwargs: dict, num_warps: int, maxnreg: int | N
 
 
 _LOADED: dict = {}  # (entry, device) -> its _Compiled, or None where it could not be loaded
+
+
+def launch_failed(compiled, error: Exception) -> None:
+    """A loaded kernel's launch raised (the caller compiles it instead): never launched again in this process."""
+    for loaded, entry in _LOADED.items():
+        if entry is compiled:
+            _LOADED[loaded] = None
+    _failed("launched", error)
+
+
+def _failed(what: str, error: Exception) -> None:
+    """Counts a precompiled kernel that could not be used; the first is said, as a warning."""
+    STATS["failed"] += 1
+    if STATS["failed"] == 1:
+        warnings.warn(f"rl_triton_torchrl: a precompiled kernel could not be {what} ({error!r}); it is compiled "
+                      "instead", RuntimeWarning, stacklevel=5)
 
 
 def _runner(native: NativeLaunch, names: tuple):

@@ -188,7 +188,7 @@ class Launcher:
         """Launches the kernel over ``grid`` (up to three ints) with ``kwargs`` naming every parameter and at most
         ``maxnreg`` registers per thread (None: Triton's choice); returns what ``kernel[grid]`` returns (the
         compiled kernel, or None under the interpreter)."""
-        key = None
+        key = precompiled = None
         try:
             settings = None if callable(grid) else self.settings()
             if settings is not None:
@@ -199,12 +199,14 @@ class Launcher:
                     if hit is not None:
                         replay(hit, grid, settings[0], args)
                         return hit.kernel
-                    hit = _aot.find(self.kernel, settings, kwargs, num_warps, maxnreg)  # a precompiled kernel
-                    if hit is not None:
-                        replay(hit, grid, settings[0], args)
-                        self._keep(key, hit)
-                        return hit.kernel
-        except Exception:  # noqa: BLE001 - anything unexpected: the plain path (which raises Triton's own error)
+                    precompiled = _aot.find(self.kernel, settings, kwargs, num_warps, maxnreg)
+                    if precompiled is not None:
+                        replay(precompiled, grid, settings[0], args)
+                        self._keep(key, precompiled)
+                        return None
+        except Exception as e:  # noqa: BLE001 - anything unexpected: the plain path (which raises Triton's own error)
+            if precompiled is not None:
+                _aot.launch_failed(precompiled, e)
             key = None
         options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
         _join_prewarm(whole=False)  # rather than hashing Triton's installation a second time (``prewarm``)
