@@ -161,7 +161,9 @@ def _first_call_child(argv) -> None:
     out["calls"] = calls
     from rl_triton_torchrl.kernels import _aot
 
-    out["aot"] = dict(_aot.STATS, dirs=[str(d) for d in _aot.DIRS])
+    from triton.runtime.driver import driver
+
+    out["aot"] = dict(_aot.STATS, dirs=[str(d) for d in _aot.DIRS], triton_driver_made=driver._active is not None)
     print("FIRST_CALL_JSON " + json.dumps(out), flush=True)
 
 

@@ -252,7 +252,8 @@ def targets(data) -> list[Target]:
             if r.get("name") == "process":
                 if _ok(r) and cache == "aot":
                     t.notes.append(f"no launch of Triton's own first; kernels loaded {r.get('aot_loaded')}, not in "
-                                   f"the bundle {r.get('aot_missing')}, not loadable {r.get('aot_failed')}")
+                                   f"the bundle {r.get('aot_missing')}, not loadable {r.get('aot_failed')}; Triton's driver made: "
+                                   f"{r.get('aot_triton_driver_made')}")
                 elif _ok(r):
                     t.notes.append(f"Triton's own first launch {_num(r.get('triton_init_s'))} s, import of the "
                                    f"package {_num(r.get('import_package_s'))} s, of torch "

@@ -32,11 +32,8 @@ SETTINGS = (0, None, False, "")
 
 
 class _Sm90Driver:
-    def __init__(self, arch=90):
-        self.target = GPUTarget("cuda", arch, 32)
-
     def get_current_target(self):
-        return self.target
+        return GPUTarget("cuda", 90, 32)
 
     def get_current_device(self):
         return 0
@@ -45,15 +42,19 @@ class _Sm90Driver:
         return 77
 
 
+SM90 = GPUTarget("cuda", 90, 32)
+
+
 @pytest.fixture
 def sm90(monkeypatch):
     monkeypatch.setattr(_launcher.driver, "_active", _Sm90Driver())
+    monkeypatch.setattr(_aot, "_target", lambda device: SM90)
     monkeypatch.setattr(_aot, "STATS", {"loaded": 0, "missing": 0, "failed": 0})
     monkeypatch.setattr(_aot, "_LOADED", {})
 
 
-def _key(kernel, args, num_warps=4, maxnreg=None, settings=SETTINGS):
-    return _aot.key_of(kernel, settings, args, num_warps, maxnreg)
+def _key(kernel, args, num_warps=4, maxnreg=None, settings=SETTINGS, target=SM90):
+    return _aot.key_of(kernel, target, settings, args, num_warps, maxnreg)
 
 
 def test_key_is_the_same_for_the_same_structure(sm90):
@@ -82,8 +83,7 @@ def test_key_distinguishes_options_settings_target_and_source(sm90, monkeypatch,
     elif change == "instrumentation":
         after = _key(kernel, args, settings=(0, None, False, "consan"))
     elif change == "arch":
-        monkeypatch.setattr(_launcher.driver, "_active", _Sm90Driver(100))
-        after = _key(JITFunction(_axpy), args)
+        after = _key(kernel, args, target=GPUTarget("cuda", 100, 32))
     else:
         def _axpy2(x_ptr, y_ptr, out_ptr, alpha, n, s_x, BLOCK: triton.language.constexpr,
                    HAS_Y: triton.language.constexpr):
@@ -238,6 +238,17 @@ def test_plain_path_never_consults_a_bundle(recorder, monkeypatch):
     assert len(plain) == 1 and not found
 
 
+def test_the_lean_path_never_makes_tritons_driver(monkeypatch):
+    """Until Triton's driver is made (by a plain launch) or set, the launcher reads the device and stream with the
+    torch functions that driver would use: making it compiles Triton's C utilities, which a precompiled kernel's
+    launch does not need."""
+    monkeypatch.setattr(_launcher.driver, "_active", None)
+    assert _launcher.active_driver() is _launcher._TORCH_GETTERS and _launcher.driver._active is None
+    set_one = _Sm90Driver()
+    monkeypatch.setattr(_launcher.driver, "_active", set_one)
+    assert _launcher.active_driver() is set_one
+
+
 def _no_interpreter_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])), **extra}
@@ -329,7 +340,8 @@ for shape in sys.argv[2].split(","):
                 outs[f"{shape}/{layout}/{algo}/{form}"] = [t.cpu() for t in (y if isinstance(y, tuple) else (y,))
                                                            if isinstance(t, torch.Tensor)]
 torch.save(outs, sys.argv[1])
-print("STATS " + json.dumps(_aot.STATS))
+from triton.runtime.driver import driver
+print("STATS " + json.dumps(dict(_aot.STATS, driver_made=driver._active is not None)))
 """
 
 
@@ -352,8 +364,9 @@ def test_precompiled_kernels_on_gpu_equal_the_jit(tmp_path):
         stats = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATS "))[6:])
         compiled = {p.name for p in cache.rglob("*.json") if p.name.startswith("_")}
         results[name] = torch.load(tmp_path / f"{name}.pt"), stats, compiled
-    (aot, stats, compiled), (jit, _, jit_compiled) = results["aot"], results["jit"]
-    assert stats == {"loaded": n_entries, "missing": 0, "failed": 0}, stats
+    (aot, stats, compiled), (jit, jit_stats, jit_compiled) = results["aot"], results["jit"]
+    assert stats == {"loaded": n_entries, "missing": 0, "failed": 0, "driver_made": False}, stats
+    assert jit_stats["driver_made"]
     assert not compiled, f"the process with the bundle compiled {sorted(compiled)}"
     assert jit_compiled, "the JIT process compiled nothing: is the cache where this test looks?"
     assert aot.keys() == jit.keys()

@@ -50,15 +50,42 @@ DIRS = tuple(Path(p) for p in os.environ.get("RL_TRITON_TORCHRL_AOT_DIR", "").sp
 STATS = {"loaded": 0, "missing": 0, "failed": 0}
 
 
-def key_of(kernel, settings: tuple, kwargs: dict, num_warps: int, maxnreg: int | None) -> tuple[str, str]:
-    """(the key text, its sha256 digest) of launching ``kernel`` with ``kwargs`` (every parameter) under the
-    launcher's ``settings`` (device, debug, runtime debug, instrumentation), for the device's architecture."""
-    _, _, target, _, binder = kernel.device_caches[settings[0]]
-    specialization = binder(**kwargs)[1]
+def key_of(kernel, target, settings: tuple, kwargs: dict, num_warps: int, maxnreg: int | None) -> tuple[str, str]:
+    """(the key text, its sha256 digest) of launching ``kernel`` with ``kwargs`` (every parameter) for ``target``
+    (a ``GPUTarget``) under the launcher's ``settings`` (device, debug, runtime debug, instrumentation)."""
+    specialization = _binder(kernel, target)(**kwargs)[1]
     env = sorted(triton.runtime.jit.get_cache_invalidating_env_vars().items())
     text = repr((FORMAT, triton.__version__, kernel.__name__, kernel.cache_key, target.backend, target.arch,
                  num_warps, maxnreg, tuple(settings[1:]), env, tuple(specialization)))
     return text, hashlib.sha256(text.encode()).hexdigest()
+
+
+def _binder(kernel, target):
+    """Triton's binder of ``kernel`` for ``target``, made as ``JITFunction.create_binder`` makes it but without
+    Triton's driver (whose creation compiles its C utilities: ``_launcher.active_driver``); one per kernel and
+    target."""
+    binder = _BINDERS.get((kernel, target))
+    if binder is None:
+        from triton.compiler import make_backend
+        binder = triton.runtime.jit.create_function_from_signature(kernel.signature, kernel.params,
+                                                                   make_backend(target))
+        _BINDERS[(kernel, target)] = binder
+    return binder
+
+
+_BINDERS: dict = {}
+
+
+def _target(device: int):
+    """The ``GPUTarget`` of CUDA device ``device`` as Triton's CUDA driver names it; None on ROCm (no bundles)."""
+    target = _TARGETS.get(device)
+    if target is None and torch.version.hip is None:
+        major, minor = torch.cuda.get_device_capability(device)
+        target = _TARGETS[device] = triton.backends.compiler.GPUTarget("cuda", 10 * major + minor, 32)
+    return target
+
+
+_TARGETS: dict = {}
 
 
 def _entry(root: Path, kernel, arch, digest: str) -> Path:
@@ -71,9 +98,11 @@ def find(kernel, settings: tuple, kwargs: dict, num_warps: int, maxnreg: int | N
     if not DIRS:
         return None
     try:
-        text, digest = key_of(kernel, settings, kwargs, num_warps, maxnreg)
-        arch = kernel.device_caches[settings[0]][2].arch
-        path = next((p for p in (_entry(d, kernel, arch, digest) for d in DIRS) if p.is_file()), None)
+        target = _target(settings[0])
+        if target is None:
+            return None
+        text, digest = key_of(kernel, target, settings, kwargs, num_warps, maxnreg)
+        path = next((p for p in (_entry(d, kernel, target.arch, digest) for d in DIRS) if p.is_file()), None)
     except Exception:  # noqa: BLE001 - an argument Triton's binder refuses, another Triton: compiled as before
         return None
     if path is None:
@@ -206,7 +235,7 @@ def build(out: str | os.PathLike, arch: int = 90):
             raise RuntimeError(f"cannot precompile {self.name}: the kernels were imported under Triton's interpreter "
                                "(TRITON_INTERPRET=1); import them without it")
         settings = (0, kernel.debug, knobs.runtime.debug, knobs.compilation.instrumentation_mode)
-        text, digest = key_of(kernel, settings, kwargs, num_warps, maxnreg)
+        text, digest = key_of(kernel, target_driver.target, settings, kwargs, num_warps, maxnreg)
         path = _entry(out, kernel, arch, digest)
         if path in written or path.is_file():
             return None

@@ -222,7 +222,7 @@ class Launcher:
         try:
             if (LEAN_LAUNCH and self.specializer is not None and verified_triton() and self._launch_is_plain()
                     and self._globals_unchanged()):
-                return (driver.active.get_current_device(), self.kernel.debug, knobs.runtime.debug,
+                return (active_driver().get_current_device(), self.kernel.debug, knobs.runtime.debug,
                         knobs.compilation.instrumentation_mode)
         except Exception:  # noqa: BLE001 - e.g. an attribute missing in another Triton: the plain path
             pass
@@ -292,16 +292,35 @@ class Launcher:
         self.compiled[key] = entry
 
 
+class _TorchGetters:
+    """The current device and stream as Triton's GPU drivers get them (torch's own functions), without making that
+    driver: making it compiles Triton's C utilities (0.4-0.5 s with an empty Triton cache), which launching a
+    precompiled kernel (``_aot``) never needs."""
+
+    get_current_device = staticmethod(torch.cuda.current_device)
+    get_current_stream = staticmethod(getattr(torch._C, "_cuda_getCurrentRawStream", None)
+                                      or (lambda device: torch.cuda.current_stream(device).cuda_stream))
+
+
+_TORCH_GETTERS = _TorchGetters()
+
+
+def active_driver():
+    """Triton's active driver where one was made (a plain launch made it, or one was set), else torch's getters."""
+    active = driver._active
+    return _TORCH_GETTERS if active is None else active
+
+
 def current_stream(device: int) -> int:
     """The handle of the current CUDA stream of ``device`` (Triton's ``get_current_stream``)."""
-    return driver.active.get_current_stream(device)
+    return active_driver().get_current_stream(device)
 
 
 def replay(hit: _Compiled, grid, device: int, args: tuple) -> None:
     """``CompiledKernel.run`` on the current stream, as ``JITFunction.run`` calls it when no launch hook is set.
     A pointer argument may be a tensor or its ``data_ptr()`` (Triton's C launcher takes either)."""
     n = len(grid)
-    hit.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, driver.active.get_current_stream(device),
+    hit.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, active_driver().get_current_stream(device),
             hit.function, hit.packed_metadata, None, None, None, *args)
 
 

@@ -150,7 +150,7 @@ def _with_fast(entry: Entry) -> Entry:
     if address is None or like is None or (
             torch.empty_like(like).stride() != torch.empty_like(like, memory_format=torch.contiguous_format).stride()):
         return entry  # (the extension allocates as torch.empty_like(like): contiguous but where every size is 1)
-    return entry._replace(fast=_fastcall.fast_entry(entry, address, _launcher.driver.active.get_current_stream, like))
+    return entry._replace(fast=_fastcall.fast_entry(entry, address, _launcher.active_driver().get_current_stream, like))
 
 
 def signature(fn, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
