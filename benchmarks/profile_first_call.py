@@ -2,6 +2,8 @@
 
     TRITON_CACHE_DIR=/tmp/tcache python benchmarks/profile_first_call.py          # fills the cache (first run)
     TRITON_CACHE_DIR=/tmp/tcache python benchmarks/profile_first_call.py --show   # then: the profile of a warm one
+    RL_TRITON_TORCHRL_AOT_DIR=aot TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/profile_first_call.py --show \
+        --no-triton-init                                                           # a precompiled kernel's first call
 
 Needs a GPU. The process imports the package, launches Triton's trivial kernel (Triton's own first launch, as
 ``bench_peers.py``'s first-call part does), draws the rollout, then profiles its first GAE call (4096 x 128, with
@@ -26,6 +28,9 @@ def main(argv=None):
     parser.add_argument("--T", type=int, default=128)
     parser.add_argument("--show", action="store_true", help="print the profile")
     parser.add_argument("--rows", type=int, default=45)
+    parser.add_argument("--no-triton-init", action="store_true",
+                        help="no launch of Triton's trivial kernel first (a process whose kernels come from a bundle of "
+                             "precompiled ones, RL_TRITON_TORCHRL_AOT_DIR, needs none)")
     args = parser.parse_args(argv)
     torch.zeros(1, device="cuda").sum().item()
     import rl_triton_torchrl  # noqa: F401  (starts the prewarm thread, as a user's import does)
@@ -33,7 +38,8 @@ def main(argv=None):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_peers as bp
 
-    bp.touch_triton()
+    if not args.no_triton_init:
+        bp.touch_triton()
     torch.cuda.synchronize()
     x = bp.rollout(args.B, args.T, fields=bp.ALL_FIELDS)
     torch.cuda.synchronize()
