@@ -295,6 +295,17 @@ def _build_state():
             _launcher.driver._active)
 
 
+def test_readme_precompile_command_parses():
+    from rl_triton_torchrl.kernels import precompile
+
+    readme = (ROOT / "README.md").read_text()
+    lines = [ln for ln in readme.splitlines() if ln.startswith("python -m rl_triton_torchrl.kernels.precompile")]
+    assert lines, "the README no longer shows the precompile command"
+    for line in lines:
+        args = precompile.parse_args(line.split("#")[0].split()[3:])
+        assert args.out and args.shapes and args.layouts
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter's case: on a GPU the kernels are compiled ones")
 def test_build_needs_compiled_kernels(tmp_path):
     """Under the interpreter (this process) the kernels cannot be precompiled: said by name, nothing written."""

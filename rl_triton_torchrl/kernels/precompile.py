@@ -116,7 +116,7 @@ def _choices(text: str, allowed, what: str) -> list[str]:
     return items
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m rl_triton_torchrl.kernels.precompile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="the bundle's folder (created; entries already there are kept)")
@@ -130,7 +130,11 @@ def main(argv=None) -> int:
                         help="batch: [B, T] tensors, time_dim=-1; time: [T, B], time_dim=0; torchrl: TorchRL's "
                              "[B, T, 1], time_dim=-2 (all but retrace_discrete); default batch")
     parser.add_argument("--arch", type=int, default=90, help="the GPU's compute capability as one number (90)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     jobs = [(shape, dtype, layout, algo, form) for shape in args.shapes for dtype in args.dtypes
             for layout in args.layouts for algo in args.algorithms for form in FORMS[algo]
             if LAYOUTS[layout][algo in PER_ACTION] is not None]
