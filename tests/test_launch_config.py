@@ -29,7 +29,19 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"], cfg["LOOKBACK"]) == (1, block_t, warps, 0)
     assert cfg["grid"] == (shape[0],)
     assert "maxnreg" not in cfg  # register caps are for the 128-step row tiles
-    assert scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")["BLOCK_T"] == vtrace_block_t
+    if shape[1] < scan.LOOKBACK_MIN_T or shape[0] < scan.LOOKBACK_MANY_ROWS:
+        assert scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")["BLOCK_T"] == vtrace_block_t
+
+
+@pytest.mark.parametrize("shape", [(64, 4096, 1), (512, 8192, 1), (512, 20000, 1)])
+def test_vtrace_keeps_the_look_back_in_many_rows(shape):
+    """From LOOKBACK_MANY_ROWS rows on V-trace keeps the look-back at any length, in chunks of 4 x 128 steps (its
+    32 x 128 chunks in fewer rows)."""
+    cfg = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")
+    assert (cfg["LOOKBACK"], cfg["BLOCK_R"], cfg["BLOCK_T"]) == (scan.LOOKBACK_WINDOW, 4, scan.LOOKBACK_SEGMENT_T)
+    assert cfg["grid"] == (shape[0] * -(-shape[1] // 512),)
+    few = scan.launch_config(_layout((16, shape[1], 1)), "_vtrace_fwd_kernel")
+    assert (few["LOOKBACK"], few["BLOCK_R"]) == (scan.LOOKBACK_WINDOW, scan.LOOKBACK_SEGMENTS)
 
 
 @pytest.mark.parametrize("shape", [(63, 4096, 1), (16, 5000, 1), (64, 16384, 1), (512, 20000, 1)])

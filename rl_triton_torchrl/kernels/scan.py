@@ -66,9 +66,14 @@ TILE_ELEMENTS = 512
 # 8 warps) walked in turn against the look-back chunks: GAE's shifted mode 1.0-1.4x, the discounted return
 # 1.0-1.4x, traces 1.3-1.6x faster (512 x 4096: 23.3 -> 18.0 µs, 11.8 -> 10.6, 10.9 -> 6.7), V-trace level or faster
 # (256 x 4096 18.9 -> 15.4); at 512 x 16384 the discounted return was 7% slower per row: the mode stays there.
+# The kernels in LOOKBACK_MANY_ROWS_SEGMENTS keep the mode there at any length, in chunks of that many
+# LOOKBACK_SEGMENT_T-step segments: V-trace (an exp and two clips per step, the most work per element) in 4 x 128
+# chunks was the fastest of the sweep's configurations at every one of those shapes, 1.3-1.9x its 32 x 128 chunks
+# and faster than its per-row tiles (512 x 4096 40.2 -> 27.8 µs, 64 x 4096 12.0 -> 6.2, 512 x 16384 143 -> 101).
 LOOKBACK_MIN_T = 4096
 LOOKBACK_MAX_ROWS = 512
 LOOKBACK_MANY_ROWS, LOOKBACK_MANY_ROWS_MIN_T = 64, 16384
+LOOKBACK_MANY_ROWS_SEGMENTS = {"_vtrace_fwd_kernel": 4}
 LOOKBACK_BLOCK_T = 2048
 LOOKBACK_WARPS = 4
 # The kernels named in LOOKBACK_SEGMENTED scan a look-back chunk as a tile of LOOKBACK_SEGMENTS segments (rows) of
@@ -627,21 +632,24 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     ``TIME_MAJOR_BLOCK_T`` tiles on one warp; sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
     one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps); or, for long float32 sequences in
     too few rows to fill the GPU that way (from ``LOOKBACK_MANY_ROWS`` rows on, only from ``LOOKBACK_MANY_ROWS_MIN_T``
-    steps), one program per chunk of ``LOOKBACK_BLOCK_T`` steps (or of ``LOOKBACK_SEGMENTS`` segments of
-    ``LOOKBACK_SEGMENT_T`` steps, for the kernels in ``LOOKBACK_SEGMENTED``) with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back
-    window). The look-back composes a chunk's entering state from whichever predecessors have published, so its
+    steps, but for the kernels in ``LOOKBACK_MANY_ROWS_SEGMENTS``), one program per chunk of ``LOOKBACK_BLOCK_T``
+    steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
+    ``LOOKBACK_SEGMENTED``; from ``LOOKBACK_MANY_ROWS`` rows on, ``LOOKBACK_MANY_ROWS_SEGMENTS``' number of them)
+    with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back window). The look-back composes a chunk's entering state from whichever predecessors have published, so its
     rounding may differ in the last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the
     per-row kernels run. ``WARP_LOCAL_T``-step row tiles with float32 accumulation pipeline the chunk loop of a kernel
     in ``PIPELINE_KERNELS`` over ``PIPELINE_STAGES`` stages where a row has several chunks, and otherwise give a
     kernel in ``REGISTER_CAPS`` its cap (``maxnreg``). Many rows of at least ``TILE256_MIN_T`` steps run in
     ``TILE256_T``-step row tiles, for the kernels ``TILE256_STAGES`` names for the inputs' element size.
     """
+    many_rows = layout.rows >= LOOKBACK_MANY_ROWS
+    many_rows_segments = LOOKBACK_MANY_ROWS_SEGMENTS.get(kernel_name) if many_rows else None
     if (layout.acc_dtype == torch.float32 and layout.T >= LOOKBACK_MIN_T and layout.rows <= LOOKBACK_MAX_ROWS
-            and (layout.rows < LOOKBACK_MANY_ROWS or layout.T >= LOOKBACK_MANY_ROWS_MIN_T)
+            and (not many_rows or layout.T >= LOOKBACK_MANY_ROWS_MIN_T or many_rows_segments)
             and LOOKBACK_WINDOW and not torch.are_deterministic_algorithms_enabled()):
         block_r, block_t = 1, LOOKBACK_BLOCK_T
         if kernel_name in LOOKBACK_SEGMENTED:
-            block_r, block_t = LOOKBACK_SEGMENTS, LOOKBACK_SEGMENT_T
+            block_r, block_t = many_rows_segments or LOOKBACK_SEGMENTS, LOOKBACK_SEGMENT_T
         return {"grid": (layout.rows * _cdiv(layout.T, block_r * block_t),), "BLOCK_R": block_r, "BLOCK_T": block_t,
                 "num_warps": LOOKBACK_WARPS, "NUM_STAGES": 1, "LOOKBACK": LOOKBACK_WINDOW}
     block_t = min(max(_pow2(layout.T), 2), MAX_BLOCK_T)
@@ -930,7 +938,7 @@ _VIEW_FACTS = operator.attrgetter("shape", "dtype", "device")
 # replayed under other constants. (The dicts and sets among them are replaced to change them, never mutated.)
 _CONFIG_NAMES = frozenset({
     "launch_config", "MAX_BLOCK_T", "TILE_ELEMENTS", "LOOKBACK_MIN_T", "LOOKBACK_MAX_ROWS", "LOOKBACK_BLOCK_T",
-    "LOOKBACK_MANY_ROWS", "LOOKBACK_MANY_ROWS_MIN_T",
+    "LOOKBACK_MANY_ROWS", "LOOKBACK_MANY_ROWS_MIN_T", "LOOKBACK_MANY_ROWS_SEGMENTS",
     "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
