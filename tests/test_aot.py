@@ -8,6 +8,7 @@ compiled, and the outputs equal the JIT's bit for bit.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from rl_triton_torchrl.kernels import _aot, _launcher  # noqa: E402
-from test_launcher import SPECIALIZATIONS, _Compiled, _args, _axpy  # noqa: E402
+from test_launcher import SPECIALIZATIONS, _Compiled, _args, _axpy, _triton_specialization  # noqa: E402
 
 pytestmark = pytest.mark.triton
 CUDA = torch.cuda.is_available()
@@ -62,6 +63,18 @@ def test_key_is_the_same_for_the_same_structure(sm90):
     text, digest = _key(kernel, _args())
     assert (text, digest) == _key(kernel, _args()) == _key(JITFunction(_axpy), _args())
     assert len(digest) == 64 and triton.__version__ in text and kernel.cache_key in text
+
+
+def test_specialization_is_finer_than_triton():
+    """Two argument sets of one key are one specialization to Triton: a cubin compiled for one serves the other."""
+    kernel = JITFunction(_axpy)
+    variants = {"base": _args(), **{name: _args(**change()) for name, change in SPECIALIZATIONS.items()}}
+    ours = {name: _aot.specialization(kernel, args) for name, args in variants.items()}
+    triton_s = {name: _triton_specialization(kernel, args) for name, args in variants.items()}
+    for a, b in itertools.combinations(variants, 2):
+        if ours[a] == ours[b]:
+            assert triton_s[a] == triton_s[b], f"{a} and {b} share a key but Triton specializes them apart"
+    assert len(set(ours.values())) == len(variants)
 
 
 @pytest.mark.parametrize("name", SPECIALIZATIONS)

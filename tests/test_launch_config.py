@@ -36,12 +36,15 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
 @pytest.mark.parametrize("shape", [(64, 4096, 1), (512, 8192, 1), (512, 20000, 1)])
 def test_vtrace_keeps_the_look_back_in_many_rows(shape):
     """From LOOKBACK_MANY_ROWS rows on V-trace keeps the look-back at any length, in chunks of 4 x 128 steps (its
-    32 x 128 chunks in fewer rows)."""
+    32 x 128 chunks in fewer rows), and so does retrace_discrete."""
     cfg = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")
     assert (cfg["LOOKBACK"], cfg["BLOCK_R"], cfg["BLOCK_T"]) == (scan.LOOKBACK_WINDOW, 4, scan.LOOKBACK_SEGMENT_T)
     assert cfg["grid"] == (shape[0] * -(-shape[1] // 512),)
     few = scan.launch_config(_layout((16, shape[1], 1)), "_vtrace_fwd_kernel")
     assert (few["LOOKBACK"], few["BLOCK_R"]) == (scan.LOOKBACK_WINDOW, scan.LOOKBACK_SEGMENTS)
+    discrete = scan.launch_config(_layout(shape), "_retrace_discrete_fwd_kernel")  # its own 2048-step chunks
+    assert (discrete["LOOKBACK"], discrete["BLOCK_R"], discrete["BLOCK_T"]) == (
+        scan.LOOKBACK_WINDOW, 1, scan.LOOKBACK_BLOCK_T)
 
 
 @pytest.mark.parametrize("shape", [(63, 4096, 1), (16, 5000, 1), (64, 16384, 1), (512, 20000, 1)])

@@ -12,8 +12,8 @@ A variant is named by a digest of everything its compiled code depends on: this 
 version, the kernel's name and Triton's hash of its source (``JITFunction.cache_key``: the kernel, every
 ``@triton.jit`` function it calls and the constexpr globals they read), the GPU architecture, ``num_warps`` and
 ``maxnreg``, the launcher's debug and instrumentation settings, Triton's cache-invalidating environment variables,
-and Triton's own specialization of the arguments (its binder: each tensor's dtype and 16-byte alignment, each int's
-type, divisibility by 16 and equality to 1, every constexpr value). The same call on CPU tensors at build time and
+and what Triton specializes the arguments on (``specialization``: each tensor's dtype and 16-byte alignment, each
+int's type, divisibility by 16 and equality to 1, every constexpr value). The same call on CPU tensors at build time and
 on CUDA tensors later gives the same digest; any other argument, source, Triton or setting gives another, which is
 not in the bundle: that launch compiles as before. The entry's metadata repeats the whole key, compared before
 loading. Only the lean path consults a bundle (``Launcher.settings``: a verified Triton, no hooks, ...), so every
@@ -53,27 +53,32 @@ STATS = {"loaded": 0, "missing": 0, "failed": 0}
 def key_of(kernel, target, settings: tuple, kwargs: dict, num_warps: int, maxnreg: int | None) -> tuple[str, str]:
     """(the key text, its sha256 digest) of launching ``kernel`` with ``kwargs`` (every parameter) for ``target``
     (a ``GPUTarget``) under the launcher's ``settings`` (device, debug, runtime debug, instrumentation)."""
-    specialization = _binder(kernel, target)(**kwargs)[1]
     env = sorted(triton.runtime.jit.get_cache_invalidating_env_vars().items())
     text = repr((FORMAT, triton.__version__, kernel.__name__, kernel.cache_key, target.backend, target.arch,
-                 num_warps, maxnreg, tuple(settings[1:]), env, tuple(specialization)))
+                 num_warps, maxnreg, tuple(settings[1:]), env, specialization(kernel, kwargs)))
     return text, hashlib.sha256(text.encode()).hexdigest()
 
 
-def _binder(kernel, target):
-    """Triton's binder of ``kernel`` for ``target``, made as ``JITFunction.create_binder`` makes it but without
-    Triton's driver (whose creation compiles its C utilities: ``_launcher.active_driver``); one per kernel and
-    target."""
-    binder = _BINDERS.get((kernel, target))
-    if binder is None:
-        from triton.compiler import make_backend
-        binder = triton.runtime.jit.create_function_from_signature(kernel.signature, kernel.params,
-                                                                   make_backend(target))
-        _BINDERS[(kernel, target)] = binder
-    return binder
-
-
-_BINDERS: dict = {}
+def specialization(kernel, kwargs: dict) -> tuple:
+    """What Triton specializes each argument of ``kernel`` on, as ``_launcher.Specializer`` keys it (as finely as
+    Triton, or finer: ``test_specialization_is_finer_than_triton``), in terms that mean the same in every process:
+    a constexpr's type and value, a tensor's dtype and 16-byte alignment, an int's ``_int_key``, the type of a
+    float, bool or None. Not Triton's own binder: its first call imports Triton's Gluon packages (150 ms on the H200
+    host), which a launch of a precompiled kernel never needs."""
+    out = []
+    for param in kernel.params:
+        value = kwargs[param.name]
+        if param.is_constexpr or isinstance(value, _launcher._CONSTEXPR):
+            out.append(("constexpr", type(value).__name__, repr(value)))
+        elif isinstance(value, torch.Tensor):
+            out.append(("tensor", str(value.dtype), value.data_ptr() & 15 == 0))
+        elif type(value) is int:
+            out.append(("int", _launcher._int_key(value)))
+        elif type(value) in (float, bool, type(None)):
+            out.append((type(value).__name__,))
+        else:
+            raise TypeError(f"no precompiled kernel for an argument of type {type(value).__name__}")
+    return tuple(out)
 
 
 def _target(device: int):
@@ -103,7 +108,7 @@ def find(kernel, settings: tuple, kwargs: dict, num_warps: int, maxnreg: int | N
             return None
         text, digest = key_of(kernel, target, settings, kwargs, num_warps, maxnreg)
         path = next((p for p in (_entry(d, kernel, target.arch, digest) for d in DIRS) if p.is_file()), None)
-    except Exception:  # noqa: BLE001 - an argument Triton's binder refuses, another Triton: compiled as before
+    except Exception:  # noqa: BLE001 - an argument of another type, another Triton: compiled as before
         return None
     if path is None:
         STATS["missing"] += 1

@@ -66,14 +66,17 @@ TILE_ELEMENTS = 512
 # 8 warps) walked in turn against the look-back chunks: GAE's shifted mode 1.0-1.4x, the discounted return
 # 1.0-1.4x, traces 1.3-1.6x faster (512 x 4096: 23.3 -> 18.0 µs, 11.8 -> 10.6, 10.9 -> 6.7), V-trace level or faster
 # (256 x 4096 18.9 -> 15.4); at 512 x 16384 the discounted return was 7% slower per row: the mode stays there.
-# The kernels in LOOKBACK_MANY_ROWS_SEGMENTS keep the mode there at any length, in chunks of that many
-# LOOKBACK_SEGMENT_T-step segments: V-trace (an exp and two clips per step, the most work per element) in 4 x 128
-# chunks was the fastest of the sweep's configurations at every one of those shapes, 1.3-1.9x its 32 x 128 chunks
-# and faster than its per-row tiles (512 x 4096 40.2 -> 27.8 µs, 64 x 4096 12.0 -> 6.2, 512 x 16384 143 -> 101).
+# The kernels in LOOKBACK_MANY_ROWS_SEGMENTS keep the mode there at any length, a kernel of LOOKBACK_SEGMENTED in
+# chunks of that many LOOKBACK_SEGMENT_T-step segments: V-trace (an exp and two clips per step, the most work per
+# element) in 4 x 128 chunks was the fastest of the sweep's configurations at every one of those shapes, 1.3-1.9x its
+# 32 x 128 chunks and faster than its per-row tiles (512 x 4096 40.2 -> 27.8 µs, 64 x 4096 12.0 -> 6.2, 512 x 16384
+# 143 -> 101; bench_peers_vtrace_lookback_45ba32f.md: 40.1 -> 28.0 in the release grid); retrace_discrete (its sums
+# over actions per step) in its 2048-step chunks, 512 x 4096 92.8-93.4 µs in per-row tiles against 86.9-87.4
+# (bench_peers_vtrace_lookback_base.md, the same session).
 LOOKBACK_MIN_T = 4096
 LOOKBACK_MAX_ROWS = 512
 LOOKBACK_MANY_ROWS, LOOKBACK_MANY_ROWS_MIN_T = 64, 16384
-LOOKBACK_MANY_ROWS_SEGMENTS = {"_vtrace_fwd_kernel": 4}
+LOOKBACK_MANY_ROWS_SEGMENTS = {"_vtrace_fwd_kernel": 4, "_retrace_discrete_fwd_kernel": 1}
 LOOKBACK_BLOCK_T = 2048
 LOOKBACK_WARPS = 4
 # The kernels named in LOOKBACK_SEGMENTED scan a look-back chunk as a tile of LOOKBACK_SEGMENTS segments (rows) of
