@@ -13,10 +13,10 @@ version, the kernel's name and Triton's hash of its source (``JITFunction.cache_
 ``@triton.jit`` function it calls and the constexpr globals they read), the GPU architecture, ``num_warps`` and
 ``maxnreg``, the launcher's debug and instrumentation settings, Triton's cache-invalidating environment variables,
 and what Triton specializes the arguments on (``specialization``: each tensor's dtype and 16-byte alignment, each
-int's type, divisibility by 16 and equality to 1, every constexpr value). The same call on CPU tensors at build time and
-on CUDA tensors later gives the same digest; any other argument, source, Triton or setting gives another, which is
-not in the bundle: that launch compiles as before. The entry's metadata repeats the whole key, compared before
-loading. Only the lean path consults a bundle (``Launcher.settings``: a verified Triton, no hooks, ...), so every
+int's type, divisibility by 16 and equality to 1, every constexpr value). The same call on CPU tensors at build
+time and on CUDA tensors later gives the same digest; any other argument, source, Triton or setting gives another,
+which is not in the bundle: that launch compiles as before. The entry's metadata repeats the whole key, compared
+before loading. Only the lean path consults a bundle (``Launcher.settings``: a verified Triton, no hooks, ...), so every
 case that takes Triton's plain launch keeps taking it.
 """
 from __future__ import annotations
@@ -159,7 +159,8 @@ def _runner(native: NativeLaunch, names: tuple):
     picks = [index[name] for name, _ in native.params]
     per_call = tuple(name for name, _ in native.params)
 
-    def run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata, enter, exit, *args):
+    def run(grid0, grid1, grid2, stream, *rest):  # rest: function, metadata, launch metadata, two hooks, arguments
+        args = rest[5:]
         values = [args[i] for i in picks]
         values = [v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values]
         native.prepare((grid0, grid1, grid2), per_call, {}).launch(stream, *values)

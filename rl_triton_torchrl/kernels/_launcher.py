@@ -7,10 +7,10 @@ does the same launch with less work. The first call of each specialization takes
 ``kernel[grid](**kwargs, num_warps=num_warps)`` (which compiles, or finds the compiled kernel in Triton's cache), and
 remembers the ``CompiledKernel`` it returns under a key of the specialization (``Specializer``); where a bundle of
 precompiled kernels holds that specialization (``_aot``: ``RL_TRITON_TORCHRL_AOT_DIR``), the first call loads it from
-there instead of compiling. Later calls with that
-key call the compiled kernel's own launcher, ``CompiledKernel.run(grid0, grid1, grid2, stream, function,
-packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``, on the current device and its current stream (a
-CUDA graph capture included), as ``JITFunction.run`` does when no launch hook is set.
+there instead of compiling. Later calls with that key call the compiled kernel's own launcher,
+``CompiledKernel.run(grid0, grid1, grid2, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook,
+*args)``, on the current device and its current stream (a CUDA graph capture included), as ``JITFunction.run`` does
+when no launch hook is set.
 
 The key holds everything Triton 3.6 specializes a kernel on, or more (a finer key only costs a plain call):
 
@@ -187,7 +187,7 @@ class Launcher:
     def __call__(self, grid, num_warps: int, maxnreg: int | None = None, **kwargs):
         """Launches the kernel over ``grid`` (up to three ints) with ``kwargs`` naming every parameter and at most
         ``maxnreg`` registers per thread (None: Triton's choice); returns what ``kernel[grid]`` returns (the
-        compiled kernel, or None under the interpreter)."""
+        compiled kernel, or None under the interpreter), or None for a kernel loaded from a bundle (``_aot``)."""
         key = precompiled = None
         try:
             settings = None if callable(grid) else self.settings()

@@ -638,9 +638,9 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     steps, but for the kernels in ``LOOKBACK_MANY_ROWS_SEGMENTS``), one program per chunk of ``LOOKBACK_BLOCK_T``
     steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
     ``LOOKBACK_SEGMENTED``; from ``LOOKBACK_MANY_ROWS`` rows on, ``LOOKBACK_MANY_ROWS_SEGMENTS``' number of them)
-    with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back window). The look-back composes a chunk's entering state from whichever predecessors have published, so its
-    rounding may differ in the last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the
-    per-row kernels run. ``WARP_LOCAL_T``-step row tiles with float32 accumulation pipeline the chunk loop of a kernel
+    with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back window). The look-back
+    composes a chunk's entering state from whichever predecessors have published, so its rounding may differ in the
+    last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the per-row kernels run. ``WARP_LOCAL_T``-step row tiles with float32 accumulation pipeline the chunk loop of a kernel
     in ``PIPELINE_KERNELS`` over ``PIPELINE_STAGES`` stages where a row has several chunks, and otherwise give a
     kernel in ``REGISTER_CAPS`` its cap (``maxnreg``). Many rows of at least ``TILE256_MIN_T`` steps run in
     ``TILE256_T``-step row tiles, for the kernels ``TILE256_STAGES`` names for the inputs' element size.
