@@ -7,15 +7,14 @@ Each measurement is one fresh process: it imports the package, starts ``kernels.
 process runs with ``RL_TRITON_TORCHRL_PREWARM=0``, as a CUDA build of torch starts it at the import), sleeps
 ``--setup-s`` seconds (a training script building its environments and models), then times its first ``gae`` call
 at 4096 x 128. On a CUDA machine that is the whole first call, to a device sync (module load and Triton's launcher
-included). Without a GPU the call is compiled instead of run, for sm_90 (``tools/sass_sm90.py``'s stand-in driver,
-``JITFunction.warmup``): everything a first launch does on the host up to the module load. A first round fills
-Triton's cache; the time spent in ``triton.runtime.cache.triton_key`` (Triton hashing its own installation, once
-per process) is profiled in one more process.
+included). Without a GPU the call is compiled instead of run, for sm_90 (the bundle build's stand-in driver,
+``kernels._aot._TargetDriver``, and ``JITFunction.warmup``): everything a first launch does on the host up to the
+module load. A first round fills Triton's cache; the time spent in ``triton.runtime.cache.triton_key`` (Triton
+hashing its own installation, once per process) is profiled in one more process.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -33,14 +32,12 @@ def child(prewarm: bool, setup_s: float, profile: bool) -> dict:
     import torch
 
     cuda = torch.cuda.is_available()
+    from rl_triton_torchrl.kernels import _aot, _launcher, gae, scan
+
     if not cuda:  # compile for sm_90 instead of launching
-        spec = importlib.util.spec_from_file_location("sass_sm90", ROOT / "tools" / "sass_sm90.py")
-        sass = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sass)
         from triton.runtime import driver
 
-        driver.set_active(sass._Sm90Driver())
-    from rl_triton_torchrl.kernels import _launcher, gae, scan
+        driver.set_active(_aot._TargetDriver(90))
 
     # (a CUDA build of torch started the thread at the import already, unless the parent set
     # RL_TRITON_TORCHRL_PREWARM=0 for a process without it)

@@ -33,27 +33,13 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from rl_triton_torchrl.kernels import scan  # noqa: E402
+from rl_triton_torchrl.kernels import _aot, scan  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 COUNTED = ("SHFL", "BAR", "LDS", "STS", "LDG", "STG", "FFMA", "FMUL", "FSEL", "ISETP", "IMAD")
-
-
-class _Sm90Driver:
-    """Enough of Triton's driver for ``JITFunction.warmup`` to compile for sm_90 without a GPU."""
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
 
 
 def sass_of(compiled) -> tuple[str, str]:
@@ -88,7 +74,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the rollouts' dtype")
     parser.add_argument("--dump", help="a folder for each kernel's SASS listing and Triton GPU IR (layouts)")
     args = parser.parse_args(argv)
-    driver.set_active(_Sm90Driver())
+    driver.set_active(_aot._TargetDriver(90))  # enough of a driver for warmup to compile for sm_90
     os.environ["TRITON_INTERPRET"] = "1"  # after the kernels were built: only lets backend="triton" take CPU tensors
     import bench_kernels  # the benchmark's algorithm table and rollouts
     import sweep_configs  # its time-major layout and forced tiles
