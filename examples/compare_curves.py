@@ -7,6 +7,7 @@ estimators' outputs are on the same batches.
     python examples/compare_curves.py --seeds 5 --total-frames 200000   # unknown flags go to the example
     python examples/compare_curves.py --example ppo_gpu --recompute-advantage   # environments on the GPU
     python examples/compare_curves.py --example rsl_rl          # rsl_rl's OnPolicyRunner, its PPO vs ours
+    python examples/compare_curves.py --fresh-triton-cache [--aot-dir aot]   # as on a fresh machine
 
 Each (seed, estimator) pair is one run of ``examples/<example>`` in a fresh process, one after the other (the seeds
 interleaved, so that a change in machine load touches both estimators alike). Where the example has
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +75,15 @@ def parse_args(argv=None):
     parser.add_argument("--out", help="output directory (default runs/compare_<example>)")
     parser.add_argument("--reuse", action="store_true",
                         help="skip the runs whose progress.csv is already complete in --out (re-plot only)")
+    parser.add_argument("--no-cross-check", dest="cross_check", action="store_false",
+                        help="do not give every batch to the other estimator class too (a baseline run then never "
+                             "calls ours: for timings of first calls and compiles)")
+    parser.add_argument("--fresh-triton-cache", action="store_true",
+                        help="give every run an empty Triton cache of its own (<run>/triton_cache), as on a fresh "
+                             "machine, and count the kernels Triton compiled in it")
+    parser.add_argument("--aot-dir",
+                        help="a bundle of precompiled kernels (python -m rl_triton_torchrl.kernels.precompile), "
+                             "passed to every run as RL_TRITON_TORCHRL_AOT_DIR")
     args, example_args = parser.parse_known_args(argv)
     if args.out is None:
         args.out = os.path.join("runs", f"compare_{args.example}")
@@ -84,39 +95,75 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
+def mean_or_dash(values, spec):
+    """The mean of the values that are not "" (CSV cells), formatted, or "-" where there are none."""
+    values = [float(v) for v in values if v != ""]
+    return format(statistics.fmean(values), spec) if values else "-"
+
+
 def mean_std(values):
     values = list(values)
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def cross_checked(args):
+    """Whether the runs give every batch to both estimator classes (the example can, and it was not turned off)."""
+    return EXAMPLES[args.example].cross_check and args.cross_check
+
+
+def run_env(args, out):
+    """The environment of one run: the bundle where given, an empty Triton cache of its own where asked."""
+    env = dict(os.environ)
+    if args.aot_dir:
+        env["RL_TRITON_TORCHRL_AOT_DIR"] = os.path.abspath(args.aot_dir)
+    if args.fresh_triton_cache:
+        cache = os.path.join(out, "triton_cache")
+        shutil.rmtree(cache, ignore_errors=True)
+        os.makedirs(cache)
+        env["TRITON_CACHE_DIR"] = cache
+    return env
+
+
+def compiled_kernels(out):
+    """How many kernels Triton compiled into a run's own cache (its cubins), or "" without one."""
+    cache = os.path.join(out, "triton_cache")
+    if not os.path.isdir(cache):
+        return ""
+    return sum(name.endswith(".cubin") for _, _, names in os.walk(cache) for name in names)
+
+
 def run_all(args, example_args):
-    """Runs every (seed, estimator) pair; returns {(estimator, seed): rows of its progress.csv}."""
+    """Runs every (seed, estimator) pair; returns {(estimator, seed): rows of its progress.csv} and
+    {(estimator, seed): seconds the run's process took} (for the runs made now, not those reused)."""
     example = EXAMPLES[args.example]
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), example.script)
-    runs = {}
+    runs, process_s = {}, {}
     for seed in range(args.seeds):
         for estimator in example.estimators:
             out = os.path.join(args.out, f"{estimator}_seed{seed}")
             done_marker = os.path.join(out, "curves.png")  # written after the last CSV row
             if not (args.reuse and os.path.exists(done_marker)):
                 cmd = [sys.executable, script, example.flag, estimator, "--seed", str(seed), "--out", out,
-                       *(["--cross-check"] if example.cross_check else []), "--no-progress", *example_args]
+                       *(["--cross-check"] if cross_checked(args) else []), "--no-progress", *example_args]
                 print("$ python", " ".join([os.path.relpath(script), *cmd[2:]]), flush=True)
+                env = run_env(args, out)
                 start = time.perf_counter()
-                result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                process_s[estimator, seed] = time.perf_counter() - start
                 if result.returncode != 0:
                     sys.exit(f"run failed ({result.returncode}):\n{result.stdout[-4000:]}")
                 summary = [line for line in result.stdout.splitlines()
                            if " frames in " in line or line.startswith("  target")]
                 print("\n".join(summary) or result.stdout.splitlines()[-1],
-                      f"(process {time.perf_counter() - start:.0f} s)", flush=True)
+                      f"(process {process_s[estimator, seed]:.0f} s)", flush=True)
             runs[estimator, seed] = read_csv(os.path.join(out, "progress.csv"))
-    return runs
+    return runs, process_s
 
 
-def summarize(args, runs):
+def summarize(args, runs, process_s=None):
     """Per-run numbers, per-estimator aggregates, and the same-seed comparison; returns (run rows, markdown)."""
     example = EXAMPLES[args.example]
+    process_s = process_s or {}
     run_rows = []
     for (estimator, seed), rows in runs.items():
         hit = next((r for r in rows if r["return_mean"] and float(r["return_mean"]) >= args.target_return), None)
@@ -129,12 +176,15 @@ def summarize(args, runs):
             "estimator": estimator, "seed": seed, "iterations": len(rows), "frames": rows[-1]["frames"],
             "wall_time_s": rows[-1]["wall_time_s"], "final_return": rows[-1]["return_mean"],
             "frames_to_target": hit["frames"] if hit else "",
+            "seconds_to_target": hit["wall_time_s"] if hit else "",
+            "process_s": f"{process_s[estimator, seed]:.1f}" if (estimator, seed) in process_s else "",
+            "triton_compiled": compiled_kernels(os.path.join(args.out, f"{estimator}_seed{seed}")),
             "fps": f"{frames / iteration_time:.0f}",
             "estimator_ms_per_call": f"{1e3 * estimator_time / sum(int(r.get('updates', 1)) for r in steady):.3f}",
             "estimator_share": f"{estimator_time / iteration_time:.5f}",
             "first_iteration_estimator_ms": f"{1e3 * float(rows[0][example.time_key]):.1f}",
         })
-        if example.cross_check:
+        if cross_checked(args):
             run_rows[-1].update({
                 "adv_max_abs_diff": max(float(r["adv_max_abs_diff"]) for r in rows),
                 "target_max_abs_diff": max(float(r["target_max_abs_diff"]) for r in rows),
@@ -143,9 +193,10 @@ def summarize(args, runs):
 
     lines = [f"{args.example}: {args.seeds} seeds per estimator, target return {args.target_return:g}", "",
              "| estimator | final return (mean ± std) | reached target (runs) | frames to target (mean) "
-             "| wall time s (mean ± std) | frames/s | estimator ms/call | estimator share of iteration time "
-             "| estimator ms, first iteration |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| s to target (mean ± std) | wall time s (mean ± std) | process s (mean) | frames/s "
+             "| estimator ms/call | estimator share of iteration time | estimator ms, first iteration "
+             "| kernels Triton compiled (mean) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for estimator in example.estimators:
         mine = [r for r in run_rows if r["estimator"] == estimator]
         ret_m, ret_s = mean_std(float(r["final_return"]) for r in mine)
@@ -156,13 +207,22 @@ def summarize(args, runs):
         call = statistics.fmean(float(r["estimator_ms_per_call"]) for r in mine)
         first = statistics.fmean(float(r["first_iteration_estimator_ms"]) for r in mine)
         reached = f"{len(hits)}/{len(mine)} | {statistics.fmean(hits):.0f}" if hits else f"0/{len(mine)} | -"
-        lines.append(f"| {estimator} | {ret_m:.1f} ± {ret_s:.1f} | {reached} | {wall_m:.1f} ± {wall_s:.1f} | "
-                     f"{fps:.0f} | {call:.2f} | {100 * share:.2f}% | {first:.1f} |")
+        to_target = mean_std(float(r["seconds_to_target"]) for r in mine if r["seconds_to_target"]) if hits else None
+        lines.append(f"| {estimator} | {ret_m:.1f} ± {ret_s:.1f} | {reached} | "
+                     f"{'-' if to_target is None else f'{to_target[0]:.1f} ± {to_target[1]:.1f}'} | "
+                     f"{wall_m:.1f} ± {wall_s:.1f} | {mean_or_dash((r['process_s'] for r in mine), '.1f')} | "
+                     f"{fps:.0f} | {call:.2f} | {100 * share:.2f}% | {first:.1f} | "
+                     f"{mean_or_dash((r['triton_compiled'] for r in mine), '.1f')} |")
     lines += ["", "Frames per second, estimator time per call and share: iterations after the first (the first "
-              "holds one-off costs, e.g. Triton's JIT compile; its estimator time is the last column). The "
-              "estimator's time includes its value-network forward pass."]
+              "holds one-off costs, e.g. Triton's JIT compile; its estimator time is its own column). The "
+              "estimator's time includes its value-network forward pass. Seconds to target and wall time count "
+              "from the start of training (the first collection included, `--cross-check` excluded); the "
+              "process's seconds also hold its imports and set-up."
+              + (" Every run had an empty Triton cache of its own (`--fresh-triton-cache`)." if args.fresh_triton_cache
+                 else "")
+              + (f" Precompiled kernels: `RL_TRITON_TORCHRL_AOT_DIR={args.aot_dir}`." if args.aot_dir else "")]
 
-    if example.cross_check:
+    if cross_checked(args):
         adv = max(r["adv_max_abs_diff"] for r in run_rows)
         target = max(r["target_max_abs_diff"] for r in run_rows)
         first = max(r["first_row_adv_max_abs_diff"] for r in run_rows)
@@ -255,9 +315,9 @@ def write_csv(path, rows):
 def main(argv=None):
     args, example_args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    runs = run_all(args, example_args)
+    runs, process_s = run_all(args, example_args)
 
-    run_rows, table = summarize(args, runs)
+    run_rows, table = summarize(args, runs, process_s)
     example = EXAMPLES[args.example]
     curves = aggregate_curves(runs, args.seeds, example.estimators)
     write_csv(os.path.join(args.out, "runs.csv"), run_rows)

@@ -137,6 +137,23 @@ def test_compare_curves(tmp_path):
     assert len(runs) == 2 and all(float(r["adv_max_abs_diff"]) <= 1e-4 for r in runs)
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)
     assert "final return" in (tmp_path / "summary.md").read_text()
+    assert all(float(r["process_s"]) > 0 and r["triton_compiled"] == "" for r in runs)
+
+
+def test_compare_curves_fresh_triton_cache(tmp_path):
+    """Each run gets an empty Triton cache of its own and the bundle's folder, without the cross-check; the
+    summary counts what Triton compiled there (nothing on the CPU path) and says how the runs were made."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    load("compare_curves").main(["--example", "ppo", "--seeds", "1", "--out", str(tmp_path / "cmp"),
+                                 "--fresh-triton-cache", "--aot-dir", str(bundle), "--target-return", "1",
+                                 "--no-cross-check", *TINY_PPO[:-2]])
+    runs = read_rows(tmp_path / "cmp" / "runs.csv")
+    assert [r["triton_compiled"] for r in runs] == ["0", "0"] and "adv_max_abs_diff" not in runs[0]
+    assert all((tmp_path / "cmp" / f"{r['estimator']}_seed0" / "triton_cache").is_dir() for r in runs)
+    assert all(r["seconds_to_target"] == "" or float(r["seconds_to_target"]) >= 0 for r in runs)
+    summary = (tmp_path / "cmp" / "summary.md").read_text()
+    assert "--fresh-triton-cache" in summary and f"RL_TRITON_TORCHRL_AOT_DIR={bundle}" in summary
 
 
 # ---- PPO with the environments on the device: rsl_rl's runner and TorchRL (examples/gpu_envs) ----
