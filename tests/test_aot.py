@@ -287,12 +287,52 @@ def test_precompile_writes_each_variant_once(tmp_path):
                                                        "discounted_return,eligibility_traces")
 
 
+_MODULES_CHILD = r"""
+import sys, torch
+from tensordict import TensorDict
+from rl_triton_torchrl import GAE, TD1Estimator, TDLambdaEstimator
+from rl_triton_torchrl.kernels import _aot
+B, T = 64, 24
+g = torch.Generator().manual_seed(0)
+term = torch.rand(B, T, 1, generator=g) < 0.05
+rollout = {"state_value": torch.rand(B, T, 1, generator=g),
+           "next": {"reward": torch.rand(B, T, 1, generator=g), "state_value": torch.rand(B, T, 1, generator=g),
+                    "terminated": term, "done": term | (torch.rand(B, T, 1, generator=g) < 0.05)}}
+with _aot.build(sys.argv[1]):  # each estimator as a PPO script builds and calls it
+    for module in (GAE(gamma=0.99, lmbda=0.95, value_network=None, average_gae=True),
+                   GAE(gamma=0.99, lmbda=0.95, value_network=None),
+                   TDLambdaEstimator(gamma=0.99, lmbda=0.95, value_network=None),
+                   TD1Estimator(gamma=0.99, value_network=None)):
+        module(TensorDict(rollout, [B, T]))
+"""
+
+
+def test_precompile_covers_torchrl_estimator_modules(tmp_path):
+    """What TorchRL's estimator modules launch (gamma and lmbda as their tensors, ``[B, T, 1]`` rollouts) is in a
+    bundle of the torchrl layout: a PPO script's first estimator call loads rather than compiles."""
+    env = _no_interpreter_env(RL_TRITON_TORCHRL_BACKEND="triton")
+    proc = subprocess.run([sys.executable, "-c", _MODULES_CHILD, str(tmp_path / "modules")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    launched = {p.relative_to(tmp_path / "modules") for p in (tmp_path / "modules").rglob("*.json")}
+    assert len(launched) >= 2
+    _precompile(tmp_path / "bundle", "--shapes", "64x24", "--layouts", "torchrl",
+                "--algorithms", "gae,td_lambda,discounted_return")
+    bundle = {p.relative_to(tmp_path / "bundle") for p in (tmp_path / "bundle").rglob("*.json")}
+    assert launched <= bundle, f"launched by the modules, not in the bundle: {sorted(map(str, launched - bundle))}"
+    _precompile(tmp_path / "floats", "--shapes", "64x24", "--layouts", "torchrl", "--coefficients", "float",
+                "--algorithms", "gae,td_lambda,discounted_return")
+    floats = {p.relative_to(tmp_path / "floats") for p in (tmp_path / "floats").rglob("*.json")}
+    assert not launched <= floats, "tensor coefficients are no variant of their own: --coefficients is moot"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--shapes", "64by24"], "a shape is BxT"),
     (["--shapes", "0x24"], "at least 1"),
     (["--algorithms", "gae,ppo"], "unknown algorithm ['ppo']"),
     (["--dtypes", "float8"], "unknown dtype ['float8']"),
     (["--layouts", "rows"], "unknown layout ['rows']"),
+    (["--coefficients", "int"], "unknown coefficient kind ['int']"),
 ])
 def test_precompile_names_a_bad_argument(tmp_path, capsys, argv, message):
     from rl_triton_torchrl.kernels import precompile
@@ -345,7 +385,7 @@ def test_build_restores_the_launcher_driver_and_environment(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 
 _CHILD = r"""
-import json, sys, torch
+import itertools, json, sys, torch
 from rl_triton_torchrl.kernels import _aot, precompile, scan
 scan.POISON_OUTPUTS = True
 outs = {}
@@ -354,14 +394,15 @@ for shape in sys.argv[2].split(","):
     for layout, time_dims in precompile.LAYOUTS.items():
         x = precompile._rollout(B, T, torch.float32, precompile.ACTIONS)
         x = {k: v.cuda() for k, v in precompile._laid_out(x, layout).items()}
-        for algo, forms in precompile.FORMS.items():
+        for (coefs, c), (algo, forms) in itertools.product(precompile.COEFFICIENTS.items(),
+                                                           precompile.FORMS.items()):
             time_dim = time_dims[algo in precompile.PER_ACTION]
             if time_dim is None:
                 continue
             for form, call in forms.items():
-                y = call(x, {"time_dim": time_dim, "backend": "triton"})
-                outs[f"{shape}/{layout}/{algo}/{form}"] = [t.cpu() for t in (y if isinstance(y, tuple) else (y,))
-                                                           if isinstance(t, torch.Tensor)]
+                y = call({**x, **c("cuda")}, {"time_dim": time_dim, "backend": "triton"})
+                outs[f"{shape}/{layout}/{coefs}/{algo}/{form}"] = [
+                    t.cpu() for t in (y if isinstance(y, tuple) else (y,)) if isinstance(t, torch.Tensor)]
 torch.save(outs, sys.argv[1])
 from triton.runtime.driver import driver
 print("STATS " + json.dumps(dict(_aot.STATS, driver_made=driver._active is not None)))

@@ -444,3 +444,63 @@ def test_profile_first_call_smoke(tmp_path):
         assert out.returncode == 0, out.stdout + out.stderr
         assert "first gae call (profiled)" in out.stdout
     assert "cumulative" in out.stdout
+
+
+def _bench_json(rows):
+    """A pytest-benchmark ``--benchmark-json`` file's content: ``rows`` maps a test name to (mean, median) in s."""
+    return {"version": "5.3.1", "benchmarks": [
+        {"name": name, "fullname": f"test_objectives_benchmarks.py::{name}",
+         "stats": {"mean": mean, "median": median, "min": median / 2, "max": mean * 2, "stddev": 0.0, "rounds": 50,
+                   "iterations": 1}} for name, (mean, median) in rows.items()]}
+
+
+def test_torchrl_objectives_bench_report():
+    """benchmarks/torchrl_objectives_bench.py's pure functions on fake pytest-benchmark output, two sides and two
+    rounds: the mean over rounds of each round's mean and median, ratios plain/patched, verdicts by mean, a row that
+    failed patched, the counts line (neither pytest-benchmark nor TorchRL's benchmark file needed)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import torchrl_objectives_bench as tob
+    finally:
+        sys.path.remove(str(BENCH))
+    output = ("....F\nFAILED test_objectives_benchmarks.py::test_c[x] - RuntimeError: shape mismatch\n"
+              "ERROR test_objectives_benchmarks.py - ImportError: no module\n")
+    failed, errors = tob.parse_failures(output)
+    assert failed == {"test_c[x]": "FAILED: RuntimeError: shape mismatch"} and errors == [
+        "test_objectives_benchmarks.py: ERROR: ImportError: no module"]
+    plain = {"test_a[x]": (2e-3, 2e-3), "test_b[x]": (1e-3, 1e-3), "test_c[x]": (5e-3, 5e-3), "test_d[x]": (1e-4, 1e-4)}
+    patched = [{"test_a[x]": (1e-3, 1e-3), "test_b[x]": (2e-3, 5e-4), "test_c[x]": (1e-3, 1e-3),
+                "test_d[x]": (2.5e-4, 2.5e-4)},
+               {"test_a[x]": (6e-4, 1e-3), "test_b[x]": (2e-3, 5e-4), "test_d[x]": (2.5e-4, 2.5e-4)}]
+    runs = []
+    for r in (1, 2):
+        runs.append({"side": "plain", "round": r, "status": "ok", "wall_s": 1.0,
+                     "rows": tob.parse_benchmark_json(_bench_json(plain)), "failed_rows": {}, "errors": []})
+        runs.append({"side": "patched", "round": r, "status": "ok" if r == 1 else "exit 1", "wall_s": 1.0,
+                     "rows": tob.parse_benchmark_json(_bench_json(patched[r - 1])),
+                     "failed_rows": {} if r == 1 else failed, "errors": []})
+    assert runs[0]["rows"]["test_a[x]"] == {"mean": 2e-3, "median": 2e-3, "min": 1e-3, "max": 4e-3, "stddev": 0.0,
+                                            "rounds": 50, "iterations": 1}
+    results = {"environment": {"torch": "x"}, "keyword": tob.DEFAULT_K, "sides": ["plain", "patched"], "rounds": 2,
+               "runs": runs}
+    md = tob.markdown(results)
+    # test_c failed in one of the two patched rounds: measured by the other, listed as failed
+    assert "**patched faster than plain: 2 of 4 rows by mean, 3 of 4 by median** (4 rows; 1 failed on patched, 0 " \
+           "on plain)." in md
+    assert "| `test_a[x]` | 2.00 ms | 800 µs | 2.50x | 2.00x | faster |" in md  # round means 1 ms and 0.6 ms
+    assert "| `test_b[x]` | 1.00 ms | 2.00 ms | 0.500x | 2.00x | slower |" in md  # slower by mean, faster by median
+    assert "| `test_c[x]` | 5.00 ms | 1.00 ms (1 of 2 rounds failed) | 5.00x | 5.00x | faster |" in md
+    assert "| `test_d[x]` | 100 µs | 250 µs | 0.400x | 0.400x | slower |" in md
+    assert "| `test_c[x]` | patched | 2 | FAILED: RuntimeError: shape mismatch |" in md
+    # a row that failed in every round of a side: no time, no ratio
+    results["runs"] = [runs[0], {**runs[3], "rows": {k: v for k, v in runs[3]["rows"].items() if k != "test_c[x]"}}]
+    md = tob.markdown(results)
+    assert "| `test_c[x]` | 5.00 ms | failed | - | - | failed on patched |" in md
+    assert "**patched faster than plain: 1 of 3 rows by mean, 2 of 3 by median**" in md
+    assert [tob.fmt_time(s) for s in (1.2345, 0.0123, 9.996e-4, 5.12e-7, None)] == [
+        "1230 ms", "12.3 ms", "1.00 ms", "0.512 µs", "-"]
+
+
+def test_torchrl_objectives_bench_help(tmp_path):
+    result = _run(["torchrl_objectives_bench.py", "--help"], tmp_path)
+    assert "test_values or test_gae_speed or speed[False" in result.stdout and "--fresh-triton-cache" in result.stdout
