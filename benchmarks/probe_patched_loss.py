@@ -1,0 +1,51 @@
+"""Where a patched process's TorchRL loss rows lose time: one process per mode, ``plain`` (TorchRL alone),
+``imported`` (this package imported, TorchRL not patched) or ``patched`` (``patch_torchrl()``), on a CUDA machine.
+
+    for m in plain imported patched; do python benchmarks/probe_patched_loss.py $m; done
+
+Prints, before and after one GAE functional call at 300 x 500 (TorchRL's ``test_values`` shape): the median of a
+SymLog value-transform round trip on a CPU tensor of 2^20 elements (no estimator involved) and of a DQN loss forward
+on CUDA (TorchRL's ``test_dqn_speed`` row: its TD(0) value estimator is ours when patched), the Python threads and
+torch's CPU threads; then cProfile's top functions over 300 DQN loss calls.
+"""
+import cProfile, io, pstats, statistics, sys, threading, time
+import torch
+mode = sys.argv[1]
+if mode != "plain":
+    import rl_triton_torchrl
+    if mode == "patched":
+        rl_triton_torchrl.patch_torchrl()
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torchrl.modules import MLP, QValueActor, SymLogValueTransform
+from torchrl.objectives import DQNLoss
+from torchrl.objectives.value.functional import generalized_advantage_estimate as gae_fn
+dev = torch.device("cuda:0")
+torch.manual_seed(0)
+t = SymLogValueTransform(); x = torch.randn(2**20)
+net = MLP(in_features=8, out_features=4, depth=3, num_cells=128, device=dev)
+loss = DQNLoss(value_network=QValueActor(net, in_keys=["obs"], action_space="one-hot"), action_space="one-hot")
+td = TensorDict({"obs": torch.randn(128, 8), "action": F.one_hot(torch.randint(4, (128,))),
+                 "next": {"obs": torch.randn(128, 8), "done": torch.zeros(128, 1, dtype=torch.bool),
+                          "reward": torch.randn(128, 1)}}, [128], device=dev)
+loss(td)
+def med(f, n=300):
+    for _ in range(20): f()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter(); f(); ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+def report(tag):
+    torch.cuda.synchronize()
+    print(f"{mode} {tag}: symlog(cpu) {med(lambda: t.inverse(t(x)), 100):.3f} ms, dqn(cuda) {med(lambda: loss(td)):.4f} ms, "
+          f"threads {[th.name for th in threading.enumerate()]}, torch threads {torch.get_num_threads()}", flush=True)
+report("start")
+v = torch.randn(300, 500, 1, device=dev)
+kw = dict(gamma=0.95, lmbda=0.95, state_value=v, next_state_value=torch.randn_like(v), reward=torch.randn_like(v),
+          done=torch.zeros_like(v, dtype=torch.bool).bernoulli_(0.1))
+gae_fn(**kw); torch.cuda.synchronize()
+report("after one gae call")
+pr = cProfile.Profile(); pr.enable()
+for _ in range(300): loss(td)
+torch.cuda.synchronize(); pr.disable()
+s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(10); print(s.getvalue()[-2600:])
