@@ -2,15 +2,54 @@
 ``imported`` (this package imported, TorchRL not patched) or ``patched`` (``patch_torchrl()``), on a CUDA machine.
 
     for m in plain imported patched; do python benchmarks/probe_patched_loss.py $m; done
+    python benchmarks/probe_patched_loss.py ab      # one process: TorchRL's and our TD(0) in the same DQN loss
 
 Prints, before and after one GAE functional call at 300 x 500 (TorchRL's ``test_values`` shape): the median of a
 SymLog value-transform round trip on a CPU tensor of 2^20 elements (no estimator involved) and of a DQN loss forward
 on CUDA (TorchRL's ``test_dqn_speed`` row: its TD(0) value estimator is ours when patched), the Python threads and
-torch's CPU threads; then cProfile's top functions over 300 DQN loss calls.
+torch's CPU threads; then cProfile's top functions over 300 DQN loss calls. ``ab`` takes the processes' spread out:
+two DQN losses on one network in one process, one with TorchRL's TD(0) estimator and one built under
+``torchrl_patched()`` (ours), timed in 20 alternating blocks of 200 calls (CUDA if available, else CPU).
 """
 import cProfile, io, pstats, statistics, sys, threading, time
 import torch
 mode = sys.argv[1]
+if mode == "ab":
+    import torch.nn.functional as F
+    from tensordict import TensorDict
+    from torchrl.modules import MLP, QValueActor
+    from torchrl.objectives import DQNLoss
+
+    import rl_triton_torchrl
+
+    dev = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    actor = QValueActor(MLP(in_features=8, out_features=4, depth=3, num_cells=128, device=dev), in_keys=["obs"],
+                        action_space="one-hot")
+    losses = {"torchrl": DQNLoss(value_network=actor, action_space="one-hot")}
+    losses["torchrl"].make_value_estimator()
+    with rl_triton_torchrl.torchrl_patched():  # the registry gives the loss its default estimator: ours
+        losses["ours"] = DQNLoss(value_network=actor, action_space="one-hot")
+        losses["ours"].make_value_estimator()
+    td = TensorDict({"obs": torch.randn(128, 8), "action": F.one_hot(torch.randint(4, (128,))),
+                     "next": {"obs": torch.randn(128, 8), "done": torch.zeros(128, 1, dtype=torch.bool),
+                              "reward": torch.randn(128, 1)}}, [128], device=dev)
+    out = {k: loss(td) for k, loss in losses.items()}
+    assert all(torch.equal(out["torchrl"][k], out["ours"][k]) for k in out["torchrl"].keys()), "losses differ"
+    blocks = {k: [] for k in losses}
+    for i in range(20):
+        for name, loss in sorted(losses.items(), reverse=i % 2 == 1):  # each first in every other round
+            for _ in range(20):
+                loss(td)
+            ts = []
+            for _ in range(200):
+                t0 = time.perf_counter(); loss(td); ts.append(time.perf_counter() - t0)
+            blocks[name].append(statistics.median(ts) * 1e3)
+    m = {k: statistics.median(v) for k, v in blocks.items()}
+    print(f"ab on {dev}: DQN loss forward, median over 20 blocks of the blocks' medians: TorchRL's TD(0) "
+          f"{m['torchrl']:.4f} ms, ours {m['ours']:.4f} ms (ours / TorchRL {m['ours'] / m['torchrl']:.3f}); "
+          f"estimator classes {[type(v.value_estimator).__module__ for v in losses.values()]}")
+    sys.exit(0)
 if mode != "plain":
     import rl_triton_torchrl
     if mode == "patched":
