@@ -994,14 +994,17 @@ def part_host(run: Run):
             fn = (lambda f=ours_fn, a=fargs: f(*a)) if DEVICE == "cuda" else \
                 (lambda f=ours_fn, a=fargs: f(*a, backend=BACKEND))
             row = {**base, "kind": "functional", "name": name, "call": f"rl_triton_torchrl.functional.{name}"}
+            theirs = getattr(TF, name)  # TorchRL's function of the same name, the same arguments
             try:
-                want = _tuple(getattr(TF, name)(*fargs))  # TorchRL's function of the same name, the same arguments
+                want = _tuple(theirs(*fargs))
                 checks = [("max_err", lambda out, w=want: compare(list(out), list(w), f"{name} vs TorchRL's"))]
             except Exception as e:  # noqa: BLE001
-                checks = []
+                checks, theirs = [], None
                 row["note"] = f"TorchRL's {name} failed: {type(e).__name__}; not checked"
             check_impl(row, fn, [], checks)
-            time_impl(row, fn, lambda f: {"wall_us": host_wall_us(f, args)})
+            time_impl(row, fn, lambda f: host_timings(f, args))
+            if theirs is not None and row.get("wall_us") is not None:  # the peer a patched TorchRL user replaces
+                row["torchrl_wall_us"] = host_wall_us(lambda f=theirs, a=fargs: f(*a), args)
             run.rows.append(row)
     if "modules" in args.host_parts:
         import bench_estimators

@@ -74,6 +74,7 @@ ROOT = HERE.parent
 TEST_FILE = "test_objectives_benchmarks.py"
 SIDES = ("plain", "imported", "patched", "patched_aot")
 DEFAULT_K = "test_values or test_gae_speed or speed[False"
+CONTROL_TESTS = ("test_value_transform_speed", "test_dreamer_v3_value_speed")
 STATS = ("mean", "median", "min", "max", "stddev", "rounds", "iterations")
 TAIL_LINES = 40
 
@@ -208,7 +209,27 @@ def summarize(results: dict) -> list[dict]:
                 missing = [n for n, x in (("plain", plain), (side, s)) if x["mean"] is None]
                 s["verdict"] = " and ".join(_why(entry["sides"][n], n, results) for n in missing)
         out.append(entry)
+    for side in sides:  # a ratio the control rows also reach says nothing about the patch
+        band = noise_band(out, side)
+        for e in out if band else ():
+            s = e["sides"][side]
+            if not is_control(e["row"]) and s["ratio_mean"] is not None and band[0] <= s["ratio_mean"] <= band[1]:
+                s["verdict"] += ", within noise"
     return out
+
+
+def is_control(row: str) -> bool:
+    """Whether ``row`` never reaches an estimator or a value functional (the value transforms, DreamerV3's value
+    loss): patched or not, it runs the same code, so its ratio plain/side is the spread between processes."""
+    return row.startswith(CONTROL_TESTS)
+
+
+def noise_band(summary: list[dict], side: str) -> tuple[float, float] | None:
+    """The lowest and highest ratio plain/``side`` by mean over the control rows measured on both (1.0 always
+    inside), or None without one."""
+    ratios = [e["sides"][side].get("ratio_mean") for e in summary if is_control(e["row"]) and side != "plain"]
+    ratios = [r for r in ratios if r is not None]
+    return (min(1.0, *ratios), max(1.0, *ratios)) if ratios else None
 
 
 def _why(s: dict, side: str, results: dict) -> str:
@@ -260,6 +281,12 @@ def markdown(results: dict) -> str:
                 c["failed_side"] or c["failed_plain"]) else ""
             lines.append(f"**{side} faster than plain: {c['by_mean']} of {c['measured']} rows by mean, "
                          f"{c['by_median']} of {c['measured']} by median** ({c['rows']} rows{failed}).")
+            band = noise_band(summary, side)
+            if band:
+                within = sum(e["sides"][side]["verdict"].endswith("within noise") for e in summary)
+                lines.append(f"Control rows of {side} (they never reach an estimator: {', '.join(CONTROL_TESTS)}): "
+                             f"plain/{side} {_sig3(band[0])}-{_sig3(band[1])}x by mean (1.0 included), the spread "
+                             f"between processes; {within} other rows lie within it (\"within noise\").")
         lines += ["", "Times: pytest-benchmark's mean per call (the mean over rounds of each round's mean); "
                   "ratio > 1: faster than plain.", ""]
     header = ["test"] + [f"{s} mean" for s in sides]

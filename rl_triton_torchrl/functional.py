@@ -77,20 +77,21 @@ def vec_generalized_advantage_estimate(
 
 def _td0(gamma, state_value, next_state_value, reward, done, terminated, backend):
     """TD(0), elementwise on inputs of any shape (0-d too): ``reward + gamma * (1 - terminated) * next_state_value``
-    (minus ``state_value`` when given), the same expression as TorchRL's, one fused torch expression on every
-    backend: there is no recursion along time, so no scan and no ``time_dim``.
+    (minus ``state_value`` when given). There is no recursion along time, so no scan and no ``time_dim``: one
+    ``torch.addcmul`` on every backend, beside the flags' inversion (TorchRL's expression takes five torch ops).
 
-    Exactness: for finite inputs the float32 result is TorchRL's bit for bit; float16/bfloat16 inputs are computed in
-    float32 and rounded once (TorchRL returns float32 for them). Two differences, both toward the float64 reference:
-    a float64 call with a Python-number ``gamma`` multiplies by the float64 ``gamma`` (TorchRL's ``gamma *
-    (~terminated).int()`` rounds it to float32 first), and a terminated step's ``next_state_value`` is not read at
-    all (``torch.where``), so a NaN or inf there does not turn the target into NaN (TorchRL's ``0 * nan``).
+    Exactness: for float32 inputs the result is TorchRL's bit for bit, NaN and inf included (``0 * inf`` at a
+    terminated step is NaN in both): the product ``gamma * next_state_value`` is rounded once and multiplied by an
+    exact 0 or 1 before the one rounded addition, fused or not. float16/bfloat16 inputs are computed in float32 and
+    rounded once (TorchRL returns float32 for them). A float64 call with a Python-number ``gamma`` multiplies by the
+    float64 ``gamma`` (TorchRL's ``gamma * (~terminated).int()`` rounds it to float32 first).
     """
     floats = {"reward": reward, "next_state_value": next_state_value}
     if state_value is not None:
         floats["state_value"] = state_value
     flags = {"terminated": terminated} if done is None else {"done": done, "terminated": terminated}
-    if all(isinstance(x, torch.Tensor) and x.dim() == 0 for x in (*floats.values(), *flags.values())):
+    if type(reward) is torch.Tensor and reward.dim() == 0 and all(
+            isinstance(x, torch.Tensor) and x.dim() == 0 for x in (*floats.values(), *flags.values())):
         # 0-d inputs: checked as one-element views (same dtypes, devices and, all being 0-d, shapes)
         layout = check_inputs(-1, {k: v.reshape(1) for k, v in floats.items()},
                               {k: v.reshape(1) for k, v in flags.items()})
@@ -98,9 +99,14 @@ def _td0(gamma, state_value, next_state_value, reward, done, terminated, backend
         layout = check_inputs(-1, floats, flags)  # any time_dim in range: TD(0) reads none
     resolve_backend(backend, layout.device)  # the same backend errors as every functional; the path is torch ops
     gamma = check_coef("gamma", gamma, layout)
-    acc = layout.acc_dtype
-    bootstrap = torch.where(terminated, 0.0, _as(next_state_value, acc))
-    out = _as(reward, acc) + gamma * bootstrap
+    if type(gamma) is torch.Tensor:
+        if gamma.numel() == 1 and gamma.device.type == "cpu":  # an estimator's buffer: its value, in one op
+            gamma = gamma.item()
+        else:  # per-element or on the device: rounded by itself first, as in TorchRL's ``(gamma * 1) * value``
+            next_state_value = gamma * next_state_value
+            gamma = 1.0
+    acc = layout.acc_dtype  # float32 for float16/bfloat16 inputs: every op in it, one rounding at the end
+    out = torch.addcmul(_as(reward, acc), _as(next_state_value, acc), ~terminated, value=gamma)
     if state_value is not None:
         out = out - _as(state_value, acc)
     return _as(out, layout.dtype)

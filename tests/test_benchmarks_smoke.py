@@ -501,6 +501,29 @@ def test_torchrl_objectives_bench_report():
         "1230 ms", "12.3 ms", "1.00 ms", "0.512 µs", "-"]
 
 
+def test_torchrl_objectives_bench_noise_band():
+    """The control rows (never reaching an estimator) set the band of ratios the spread between processes reaches;
+    another row inside it is marked "within noise", one outside it is not, and the report says so."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import torchrl_objectives_bench as tob
+    finally:
+        sys.path.remove(str(BENCH))
+    plain = {"test_value_transform_speed[x]": (1e-3, 1e-3), "test_dreamer_v3_value_speed[x]": (1e-3, 1e-3),
+             "test_dqn_speed[x]": (1e-3, 1e-3), "test_values[x]": (1e-3, 1e-3)}
+    patched = {"test_value_transform_speed[x]": (1.25e-3, 1.25e-3), "test_dreamer_v3_value_speed[x]": (0.9e-3, 0.9e-3),
+               "test_dqn_speed[x]": (1.1e-3, 1.1e-3), "test_values[x]": (0.5e-3, 0.5e-3)}
+    runs = [{"side": side, "round": 1, "status": "ok", "wall_s": 1.0, "rows": tob.parse_benchmark_json(_bench_json(rows)),
+             "failed_rows": {}, "errors": []} for side, rows in (("plain", plain), ("patched", patched))]
+    results = {"environment": {}, "keyword": tob.DEFAULT_K, "sides": ["plain", "patched"], "rounds": 1, "runs": runs}
+    verdicts = {e["row"]: e["sides"]["patched"]["verdict"] for e in tob.summarize(results)}
+    assert verdicts == {"test_value_transform_speed[x]": "slower", "test_dreamer_v3_value_speed[x]": "faster",
+                        "test_dqn_speed[x]": "slower, within noise", "test_values[x]": "faster"}
+    assert tob.noise_band(tob.summarize(results), "patched") == pytest.approx((0.8, 1 / 0.9))
+    assert "plain/patched 0.800-1.11x by mean (1.0 included), the spread between processes; 1 other rows lie " \
+           "within it" in tob.markdown(results)
+
+
 def test_torchrl_objectives_bench_help(tmp_path):
     result = _run(["torchrl_objectives_bench.py", "--help"], tmp_path)
     assert "test_values or test_gae_speed or speed[False" in result.stdout and "--fresh-triton-cache" in result.stdout

@@ -191,3 +191,38 @@ def test_td0_without_time_dim(shape, advantage, backend):
         oracle = reward.double() + 0.9 * (~terminated).double() * next_value.double() - (
             value.double() if advantage else 0.0)
         assert_close("td0", ours, oracle.float())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("gamma_kind", ["float", "0d", "per_step"])
+def test_td0_exact(dtype, gamma_kind, backend):
+    """TD(0) in TorchRL's order of operations, bit for bit: ``gamma * next_state_value`` rounded once, times an
+    exact 0 or 1, plus ``reward`` (minus ``state_value``), all in float32 for 16-bit inputs and rounded once; inf
+    and NaN next values give TorchRL's values (``0 * inf`` is NaN at a terminated step). Inputs are not written."""
+    import torchrl.objectives.value.functional as trl
+
+    g = torch.Generator().manual_seed(11)
+    shape = (5, 37, 2)
+    value, next_value, reward = ((torch.randn(shape, generator=g) * 50).to(DEVICE, dtype) for _ in range(3))
+    next_value.view(-1)[:4] = torch.tensor([float("inf"), float("nan"), -float("inf"), float("nan")])
+    terminated = (torch.rand(shape, generator=g) < 0.3).to(DEVICE)
+    terminated.view(-1)[:4] = torch.tensor([True, True, False, False])
+    done = terminated | (torch.rand(shape, generator=g) < 0.2).to(DEVICE)
+    gamma = {"float": 0.97, "0d": torch.tensor(0.97), "per_step": (0.5 + torch.rand(shape, generator=g) / 2).to(
+        DEVICE)}[gamma_kind]
+    copies = [x.clone() for x in (value, next_value, reward, terminated, done)]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    coef = gamma.to(acc) if isinstance(gamma, torch.Tensor) else gamma
+    expected = (reward.to(acc) + (coef * (~terminated).to(acc)) * next_value.to(acc)).to(dtype)
+    ours = F.td0_return_estimate(gamma, next_value, reward, terminated, backend=backend)
+    adv = F.td0_advantage_estimate(gamma, value, next_value, reward, done, terminated, backend=backend)
+    adv_expected = (reward.to(acc) + (coef * (~terminated).to(acc)) * next_value.to(acc) - value.to(acc)).to(dtype)
+    def same(a, b):  # bit for bit, NaN where the other has NaN
+        return a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+
+    for name, out, want in (("return", ours, expected), ("advantage", adv, adv_expected)):
+        assert out.shape == shape and same(out, want), name
+    if dtype == torch.float32:  # TorchRL's own result (it returns float32 for 16-bit inputs, float64's gamma differs)
+        assert same(ours, trl.td0_return_estimate(gamma, next_value, reward, terminated))
+    assert all(same(a, b) for a, b in zip((value, next_value, reward, terminated, done), copies)), "an input changed"

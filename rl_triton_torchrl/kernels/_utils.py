@@ -211,21 +211,22 @@ def _check_coef_tensor(name: str, value: torch.Tensor, layout: Layout, low: floa
         raise TypeError(f"{name} must be a floating-point tensor or a float, got a {value.dtype} tensor")
     if value.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
-    if value.device != layout.device and not (value.numel() == 1 and value.device.type == "cpu"):
+    cpu = value.is_cpu
+    if not (cpu and value.numel() == 1) and value.device != layout.device:
         raise InputError(f"{name} is on {value.device} but the inputs are on {layout.device} (a one-element "
                          "coefficient may also be a CPU tensor)")
-    if not _broadcasts_to(value.shape, layout.shape):
+    if value.dim() and not _broadcasts_to(value.shape, layout.shape):  # a 0-d tensor broadcasts to any shape
         raise InputError(f"{name} has shape {tuple(value.shape)}, which does not broadcast to the inputs' "
                          f"shape {tuple(layout.shape)}")
     if torch.compiler.is_compiling():  # reading values would break the graph: checked in eager calls only
         return value
-    if value.device.type == "cpu":
+    if cpu:
         _replay.note_value_check()
-    if value.device.type == "cpu" and value.numel() == 1:  # the common case (an estimator's buffer): no tensor ops
+    if cpu and value.numel() == 1:  # the common case (an estimator's buffer): no tensor ops
         v = value.item()
         if not math.isfinite(v) or v < low or (high is not None and v > high):
             raise InputError(f"{name} must {_range(low, high)}, got a value of {v}")
-    elif value.device.type == "cpu" and value.numel():
+    elif cpu and value.numel():
         v = value.detach().double()
         bad = ~torch.isfinite(v) | (v < low)
         if high is not None:
@@ -387,7 +388,7 @@ def checks_values(x: torch.Tensor) -> bool:
     """Whether the values of ``x`` are checked: on CPU tensors, yes. On CUDA a check would synchronise the device
     (and torch.compile could not trace it): CUDA inputs are not value-checked, and the kernels propagate what they
     get as the float64 reference does."""
-    checked = x.device.type == "cpu" and x.numel() > 0 and not torch.compiler.is_compiling()
+    checked = x.is_cpu and x.numel() > 0 and not torch.compiler.is_compiling()
     if checked:
         _replay.note_value_check()
     return checked
