@@ -8,8 +8,10 @@ Prints, before and after one GAE functional call at 300 x 500 (TorchRL's ``test_
 SymLog value-transform round trip on a CPU tensor of 2^20 elements (no estimator involved) and of a DQN loss forward
 on CUDA (TorchRL's ``test_dqn_speed`` row: its TD(0) value estimator is ours when patched), the Python threads and
 torch's CPU threads; then cProfile's top functions over 300 DQN loss calls. ``ab`` takes the processes' spread out:
-two DQN losses on one network in one process, one with TorchRL's TD(0) estimator and one built under
-``torchrl_patched()`` (ours), timed in 20 alternating blocks of 200 calls (CUDA if available, else CPU).
+three DQN losses on one network in one process, two with TorchRL's TD(0) estimator (the second one the A/A control:
+its ratio to the first is the method's noise) and one built under ``torchrl_patched()`` (ours), timed in 20 blocks
+of 200 calls, the order reversed every other block (CUDA if available, else CPU); and each loss's ``value_estimate``
+timed inside its calls, which the rest of the loss does not blur.
 """
 import cProfile, io, pstats, statistics, sys, threading, time
 import torch
@@ -26,8 +28,10 @@ if mode == "ab":
     torch.manual_seed(0)
     actor = QValueActor(MLP(in_features=8, out_features=4, depth=3, num_cells=128, device=dev), in_keys=["obs"],
                         action_space="one-hot")
-    losses = {"torchrl": DQNLoss(value_network=actor, action_space="one-hot")}
-    losses["torchrl"].make_value_estimator()
+    losses = {"torchrl": DQNLoss(value_network=actor, action_space="one-hot"),
+              "torchrl_again": DQNLoss(value_network=actor, action_space="one-hot")}  # the A/A control
+    for loss in losses.values():
+        loss.make_value_estimator()
     with rl_triton_torchrl.torchrl_patched():  # the registry gives the loss its default estimator: ours
         losses["ours"] = DQNLoss(value_network=actor, action_space="one-hot")
         losses["ours"].make_value_estimator()
@@ -36,6 +40,16 @@ if mode == "ab":
                               "reward": torch.randn(128, 1)}}, [128], device=dev)
     out = {k: loss(td) for k, loss in losses.items()}
     assert all(torch.equal(out["torchrl"][k], out["ours"][k]) for k in out["torchrl"].keys()), "losses differ"
+    inside = {k: [] for k in losses}  # each call's value_estimate, timed inside the loss (device work not awaited)
+
+    def timed(estimate, times):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter(); result = estimate(*args, **kwargs); times.append(time.perf_counter() - t0)
+            return result
+        return call
+
+    for name, loss in losses.items():
+        loss.value_estimator.value_estimate = timed(loss.value_estimator.value_estimate, inside[name])
     blocks = {k: [] for k in losses}
     for i in range(20):
         for name, loss in sorted(losses.items(), reverse=i % 2 == 1):  # each first in every other round
@@ -47,8 +61,13 @@ if mode == "ab":
             blocks[name].append(statistics.median(ts) * 1e3)
     m = {k: statistics.median(v) for k, v in blocks.items()}
     print(f"ab on {dev}: DQN loss forward, median over 20 blocks of the blocks' medians: TorchRL's TD(0) "
-          f"{m['torchrl']:.4f} ms, ours {m['ours']:.4f} ms (ours / TorchRL {m['ours'] / m['torchrl']:.3f}); "
+          f"{m['torchrl']:.4f} ms, ours {m['ours']:.4f} ms (ours / TorchRL {m['ours'] / m['torchrl']:.3f}; "
+          f"A/A control, a second loss with TorchRL's: {m['torchrl_again'] / m['torchrl']:.3f}); "
           f"estimator classes {[type(v.value_estimator).__module__ for v in losses.values()]}")
+    e = {k: statistics.median(v) * 1e6 for k, v in inside.items()}
+    print(f"ab on {dev}: value_estimate inside the loss, median of {len(inside['ours'])} calls: TorchRL's "
+          f"{e['torchrl']:.1f} µs, ours {e['ours']:.1f} µs (difference {e['ours'] - e['torchrl']:+.1f} µs; A/A "
+          f"{e['torchrl_again'] - e['torchrl']:+.1f} µs)")
     sys.exit(0)
 if mode != "plain":
     import rl_triton_torchrl

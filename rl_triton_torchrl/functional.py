@@ -78,7 +78,8 @@ def vec_generalized_advantage_estimate(
 def _td0(gamma, state_value, next_state_value, reward, done, terminated, backend):
     """TD(0), elementwise on inputs of any shape (0-d too): ``reward + gamma * (1 - terminated) * next_state_value``
     (minus ``state_value`` when given). There is no recursion along time, so no scan and no ``time_dim``: one
-    ``torch.addcmul`` on every backend, beside the flags' inversion (TorchRL's expression takes five torch ops).
+    ``torch.addcmul`` on every backend, beside the flags' inversion and on CUDA the product with gamma (TorchRL's
+    expression takes five torch ops).
 
     Exactness: for float32 inputs the result is TorchRL's bit for bit, NaN and inf included (``0 * inf`` at a
     terminated step is NaN in both): the product ``gamma * next_state_value`` is rounded once and multiplied by an
@@ -99,14 +100,16 @@ def _td0(gamma, state_value, next_state_value, reward, done, terminated, backend
         layout = check_inputs(-1, floats, flags)  # any time_dim in range: TD(0) reads none
     resolve_backend(backend, layout.device)  # the same backend errors as every functional; the path is torch ops
     gamma = check_coef("gamma", gamma, layout)
-    if type(gamma) is torch.Tensor:
-        if gamma.numel() == 1 and gamma.device.type == "cpu":  # an estimator's buffer: its value, in one op
-            gamma = gamma.item()
-        else:  # per-element or on the device: rounded by itself first, as in TorchRL's ``(gamma * 1) * value``
-            next_state_value = gamma * next_state_value
-            gamma = 1.0
+    if type(gamma) is torch.Tensor and gamma.is_cpu and gamma.numel() == 1:  # an estimator's buffer: its value
+        gamma = gamma.item()
     acc = layout.acc_dtype  # float32 for float16/bfloat16 inputs: every op in it, one rounding at the end
-    out = torch.addcmul(_as(reward, acc), _as(next_state_value, acc), ~terminated, value=gamma)
+    reward, next_state_value = _as(reward, acc), _as(next_state_value, acc)
+    if type(gamma) is float and reward.is_cpu:
+        # CPU's addcmul computes ``self + (value * t1) * t2``: the product rounded, times an exact 0 or 1
+        out = torch.addcmul(reward, next_state_value, ~terminated, value=gamma)
+    else:
+        # CUDA's computes ``self + value * (t1 * t2)``, fused: the product with gamma must come first, on its own
+        out = torch.addcmul(reward, next_state_value * gamma, ~terminated)
     if state_value is not None:
         out = out - _as(state_value, acc)
     return _as(out, layout.dtype)
