@@ -5,6 +5,7 @@
     python benchmarks/torchrl_objectives_bench.py DIR -k "test_values or test_gae_speed"  # the value rows only
     python benchmarks/torchrl_objectives_bench.py DIR --rounds 3 --fresh-triton-cache --torchrl-commit ae9719f
     python benchmarks/torchrl_objectives_bench.py DIR --aot-dir .aot      # a third side: precompiled kernels
+    python benchmarks/torchrl_objectives_bench.py DIR --paired --rounds 3  # both sides in each process, row by row
 
 DIR holds ``test_objectives_benchmarks.py`` and TorchRL's ``benchmarks/conftest.py``, neither part of this
 repository: extract them from a pytorch/rl checkout matching the installed TorchRL (``git archive HEAD
@@ -28,7 +29,12 @@ Two uses of this file:
    ``patched_aot`` (the plugin, ``RL_TRITON_TORCHRL_AOT_DIR=--aot-dir``: first calls load our precompiled kernels),
    ``imported`` (the plugin with ``RL_TRITON_TORCHRL_BENCH_PATCH=0``: this package imported, TorchRL not patched,
    which separates what the import costs a process from what the patch changes).
-   ``--rounds N`` alternates the sides N times (plain, patched, plain, patched, ...). ``--fresh-triton-cache`` gives
+   ``--rounds N`` alternates the sides N times (plain, patched, plain, patched, ...). ``--paired`` runs plain and
+   patched in one process per round instead (the plugin with ``RL_TRITON_TORCHRL_BENCH_PATCH=paired``): every row
+   twice, its id ending ``-PLAIN`` or ``-PATCHED``, the second run with TorchRL patched and the module's functionals
+   ours for that row only, which side runs first alternating from row to row and round to round; the speed of the
+   process, which differs between processes on a shared host by more than most rows differ, then cancels out.
+   ``--fresh-triton-cache`` gives
    every run its own empty ``TRITON_CACHE_DIR`` under ``--out``, so a patched run pays the compilation a fresh
    machine pays (pytest-benchmark's calibration and warm-up rounds absorb most of it; its ``min`` never does).
 
@@ -90,17 +96,89 @@ def _patch_info() -> dict:
             "aot_dir": os.environ.get("RL_TRITON_TORCHRL_AOT_DIR")}
 
 
+def _mode() -> str:
+    """``patch`` (the default), ``import`` (``RL_TRITON_TORCHRL_BENCH_PATCH=0``) or ``paired``."""
+    value = os.environ.get("RL_TRITON_TORCHRL_BENCH_PATCH", "1")
+    return {"0": "import", "paired": "paired"}.get(value, "patch")
+
+
 def pytest_configure(config):
-    """Patches TorchRL before collection (only imports this package on the ``imported`` side)."""
+    """Patches TorchRL before collection (only imports this package on the ``imported`` side and when paired)."""
     import rl_triton_torchrl
 
-    if os.environ.get("RL_TRITON_TORCHRL_BENCH_PATCH", "1") != "0":
+    if _mode() == "patch":
         rl_triton_torchrl.patch_torchrl()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_generate_tests(metafunc):
+    """Paired: every row twice, ``-PLAIN`` and ``-PATCHED`` appended to its id (after the test's own ids, so that
+    ``-k "speed[False"`` still selects it)."""
+    if _mode() == "paired" and metafunc.module.__name__ == TEST_FILE[:-3]:
+        metafunc.fixturenames.append(PAIRED_PARAM)
+        metafunc.parametrize(PAIRED_PARAM, list(PAIRED_IDS), ids=list(PAIRED_IDS.values()))
+
+
+def _paired_side(item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get(PAIRED_PARAM) if callspec is not None else None
+
+
+@pytest.hookimpl(trylast=True)  # after -k's deselection: the alternation is over the rows that run
+def pytest_collection_modifyitems(session, config, items):
+    """Paired: the two runs of a row side by side, which comes first alternating from row to row (and, with
+    ``RL_TRITON_TORCHRL_BENCH_FIRST=patched``, starting with patched), so that neither side always runs second."""
+    if _mode() != "paired":
+        return
+    pairs = {}
+    for item in items:
+        pairs.setdefault(split_paired(row_name(item.nodeid))[0], []).append(item)
+    flip = os.environ.get("RL_TRITON_TORCHRL_BENCH_FIRST", "plain") == "patched"
+    ordered = []
+    for pair in pairs.values():
+        pair.sort(key=lambda item: (_paired_side(item) == "patched") != flip)
+        ordered += pair
+        flip = not flip
+    items[:] = ordered
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Paired: a ``-PATCHED`` row's body runs with TorchRL patched, the benchmark module's functionals (bound at its
+    import) and the test's arguments that are TorchRL functionals (``test_values``' ``val_fn``) replaced by ours;
+    everything is restored after the row."""
+    if _paired_side(item) != "patched":
+        return (yield)
+    from torchrl.objectives.value import functional as theirs
+
+    from rl_triton_torchrl import functional, patch
+
+    swap = {id(getattr(theirs, n)): getattr(functional, n) for n in functional.__all__ if hasattr(theirs, n)}
+    module = item.module
+    saved_globals = {n: getattr(module, n) for n in functional.__all__ if id(getattr(module, n, None)) in swap}
+    saved_args = {k: v for k, v in item.funcargs.items() if id(v) in swap}
+    patch.patch_torchrl()
+    for n, fn in saved_globals.items():
+        setattr(module, n, swap[id(fn)])
+    for k, fn in saved_args.items():
+        item.funcargs[k] = swap[id(fn)]
+    _PAIRED_PATCHED.append({"row": row_name(item.nodeid), "patched": patch.is_patched(),
+                            "module_functionals_ours": sorted(saved_globals), "arguments_ours": sorted(saved_args)})
+    try:
+        return (yield)
+    finally:
+        item.funcargs.update(saved_args)
+        for n, fn in saved_globals.items():
+            setattr(module, n, fn)
+        patch.unpatch_torchrl()
 
 
 def pytest_report_header(config):
     info = _patch_info()
-    if os.environ.get("RL_TRITON_TORCHRL_BENCH_PATCH", "1") == "0":
+    if _mode() == "paired":
+        return (f"torchrl_objectives_bench: every row twice, plain and patch_torchrl() on ({info['package']}; "
+                f"backend {info['backend']})")
+    if _mode() == "import":
         return f"torchrl_objectives_bench: rl_triton_torchrl imported, TorchRL not patched ({info['package']})"
     return (f"torchrl_objectives_bench: patch_torchrl() applied before collection ({info['package']}; backend "
             f"{info['backend']}; RL_TRITON_TORCHRL_AOT_DIR={info['aot_dir'] or 'unset'})")
@@ -115,7 +193,25 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
     module = sys.modules.get(TEST_FILE[:-3])
     bound = {name: getattr(module, name) is getattr(functional, name)
              for name in functional.__all__ if module is not None and hasattr(module, name)}
-    output_json["rl_triton_torchrl"] = {**_patch_info(), "module_functionals_ours": bound}
+    output_json["rl_triton_torchrl"] = {**_patch_info(), "module_functionals_ours": bound, "mode": _mode(),
+                                        "paired_patched_rows": _PAIRED_PATCHED}
+
+
+_PAIRED_PATCHED = []  # paired mode: per row run patched, whether the patch was on and the functionals made ours
+
+
+PAIRED_IDS = {"plain": "PLAIN", "patched": "PATCHED"}  # paired mode's side -> the id appended to each row's
+PAIRED_PARAM = "rl_triton_torchrl_side"
+
+
+def split_paired(row: str) -> tuple[str, str | None]:
+    """``("test_values[gae-True-True]", "patched")`` for ``test_values[gae-True-True-PATCHED]``; ``(row, None)``
+    for a row of another mode."""
+    for side, tag in PAIRED_IDS.items():
+        for suffix, bare in ((f"-{tag}]", "]"), (f"[{tag}]", "")):
+            if row.endswith(suffix):
+                return row[: -len(suffix)] + bare, side
+    return row, None
 
 
 # -- pure functions: pytest-benchmark's JSON and pytest's output in, the report out ----------------------------------
@@ -273,7 +369,12 @@ def markdown(results: dict) -> str:
              "Generated from the JSON beside this file; do not edit by hand.", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- -k: `{results['keyword']}`", f"- sides: {', '.join(sides)}; rounds: {results['rounds']}; fresh "
-              f"Triton cache per run: {results.get('fresh_triton_cache', False)}", ""]
+              f"Triton cache per run: {results.get('fresh_triton_cache', False)}"]
+    paired = results.get("paired", False)
+    if paired:
+        lines.append("- paired: one pytest process per round runs every row plain and patched in turn (which side "
+                     "runs first alternates from row to row and from round to round)")
+    lines.append("")
     if "plain" in sides:
         for side in others:
             c = counts(summary, side)
@@ -286,7 +387,8 @@ def markdown(results: dict) -> str:
                 within = sum(e["sides"][side]["verdict"].endswith("within noise") for e in summary)
                 lines.append(f"Control rows of {side} (they never reach an estimator: {', '.join(CONTROL_TESTS)}): "
                              f"plain/{side} {_sig3(band[0])}-{_sig3(band[1])}x by mean (1.0 included), the spread "
-                             f"between processes; {within} other rows lie within it (\"within noise\").")
+                             f"{'between the two runs of a row' if paired else 'between processes'}; {within} other "
+                             f"rows lie within it (\"within noise\").")
         lines += ["", "Times: pytest-benchmark's mean per call (the mean over rounds of each round's mean); "
                   "ratio > 1: faster than plain.", ""]
     header = ["test"] + [f"{s} mean" for s in sides]
@@ -353,11 +455,12 @@ def child_command(side: str, json_path: Path, keyword: str, extra: list[str]) ->
     return cmd + ["-k", keyword, *extra]
 
 
-def side_env(side: str, aot_dir: Path | None, triton_cache: Path | None) -> dict:
+def side_env(side: str, aot_dir: Path | None, triton_cache: Path | None, first: str = "plain") -> dict:
     env = dict(os.environ, COLUMNS="400",
                PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), str(ROOT), os.environ.get("PYTHONPATH")])))
     env.pop("RL_TRITON_TORCHRL_AOT_DIR", None)
-    env["RL_TRITON_TORCHRL_BENCH_PATCH"] = "0" if side == "imported" else "1"
+    env["RL_TRITON_TORCHRL_BENCH_PATCH"] = {"imported": "0", "paired": "paired"}.get(side, "1")
+    env["RL_TRITON_TORCHRL_BENCH_FIRST"] = first
     if side == "patched_aot":
         env["RL_TRITON_TORCHRL_AOT_DIR"] = str(aot_dir)
     if triton_cache is not None:
@@ -366,7 +469,8 @@ def side_env(side: str, aot_dir: Path | None, triton_cache: Path | None) -> dict
 
 
 def run_side(side: str, round_: int, args, extra: list[str]) -> dict:
-    """One pytest process; its record for the JSON (status, wall time, rows, failed rows)."""
+    """One pytest process; its record for the JSON (status, wall time, rows, failed rows). Side ``paired``: one
+    process running every row plain and patched (``split_run`` makes the two sides' records of it)."""
     tag = f"{side}-r{round_}"
     json_path = args.out / "runs" / f"{tag}.json"
     log_path = args.out / "logs" / f"{tag}.log"
@@ -381,7 +485,8 @@ def run_side(side: str, round_: int, args, extra: list[str]) -> dict:
               "triton_cache": str(cache) if cache else None}
     start = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=args.folder, env=side_env(side, args.aot_dir, cache), stdout=log,
+        first = "plain" if round_ % 2 else "patched"  # which side of the first row runs first, alternating
+        proc = subprocess.Popen(cmd, cwd=args.folder, env=side_env(side, args.aot_dir, cache, first), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             record["returncode"] = proc.wait(timeout=args.timeout_s)
@@ -396,7 +501,12 @@ def run_side(side: str, round_: int, args, extra: list[str]) -> dict:
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
     record["rows"] = parse_benchmark_json(data)
     record["plugin"] = data.get("rl_triton_torchrl")
-    if side != "plain":
+    if side == "paired" and data:  # the plugin patches per row: every row measured as patched ran so
+        ran = {r["row"] for r in (record["plugin"] or {}).get("paired_patched_rows", []) if r["patched"]}
+        missing = [r for r in record["rows"] if split_paired(r)[1] == "patched" and r not in ran]
+        if missing:
+            record["errors"].append(f"rows measured as patched without the patch on: {missing}")
+    if side not in ("plain", "paired"):  # paired: the plugin binds our functionals per row, not at import
         info = record["plugin"] or {}
         if data and not (info.get("patched") and info.get("module_functionals_ours")
                          and all(info["module_functionals_ours"].values())):
@@ -417,6 +527,19 @@ def run_side(side: str, round_: int, args, extra: list[str]) -> dict:
     return record
 
 
+def split_run(record: dict) -> list[dict]:
+    """A paired run's record as two, sides ``plain`` and ``patched``, each with its rows (ids without the paired
+    suffix) and failed rows; status, wall time, log and errors shared."""
+    out = []
+    for side in PAIRED_IDS:
+        part = {**record, "side": side, "paired": True}
+        for key in ("rows", "failed_rows"):
+            part[key] = {base: v for row, v in record.get(key, {}).items()
+                         for base, s in [split_paired(row)] if s == side}
+        out.append(part)
+    return out
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help=f"folder holding {TEST_FILE} and TorchRL's benchmarks/conftest.py")
@@ -434,6 +557,9 @@ def parse_args(argv=None):
                         help="where the results, logs and runs' JSON go (default: runs/torchrl_objectives_bench)")
     parser.add_argument("--name", default="torchrl_objectives_bench", help="the result files' name (<out>/<name>"
                         ".json and .md)")
+    parser.add_argument("--paired", action="store_true", help="plain and patched in one pytest process per round, "
+                        "every row run on both sides in turn (the process's own speed cancels out); sides "
+                        "plain,patched only")
     parser.add_argument("--timeout-s", type=float, default=None, help="wall-clock limit per pytest process")
     parser.add_argument("--torchrl-commit", help="recorded in the results: the pytorch/rl commit the test file "
                         "came from")
@@ -445,6 +571,8 @@ def parse_args(argv=None):
         unknown = [s for s in args.sides if s not in SIDES]
         if unknown or not args.sides:
             parser.error(f"unknown side(s) {unknown}; choose from {SIDES}")
+    if args.paired and args.sides != ["plain", "patched"]:
+        parser.error("--paired compares the sides plain and patched only")
     if "patched_aot" in args.sides and args.aot_dir is None:
         parser.error("the patched_aot side needs --aot-dir")
     if args.rounds < 1:
@@ -470,13 +598,13 @@ def main(argv=None) -> int:
     results = {"environment": environment(argv, args.torchrl_commit), "folder": str(args.folder),
                "keyword": args.keyword, "extra_pytest_args": extra, "sides": args.sides, "rounds": args.rounds,
                "fresh_triton_cache": args.fresh_triton_cache, "aot_dir": str(args.aot_dir) if args.aot_dir else None,
-               "runs": []}
+               "paired": args.paired, "runs": []}
     path = args.out / f"{args.name}.json"
-    plan = [(r, side) for r in range(1, args.rounds + 1) for side in args.sides]
+    plan = [(r, side) for r in range(1, args.rounds + 1) for side in (["paired"] if args.paired else args.sides)]
     started = time.perf_counter()
     for i, (round_, side) in enumerate(plan, 1):
         record = run_side(side, round_, args, extra)
-        results["runs"].append(record)
+        results["runs"] += split_run(record) if side == "paired" else [record]
         path.write_text(json.dumps(results, indent=1))  # what was measured so far
         print(f"[{i}/{len(plan)}] {side}, round {round_}: {record['status']}, {len(record['rows'])} rows measured, "
               f"{len(record['failed_rows'])} failed, {record['wall_s']:.0f} s", flush=True)

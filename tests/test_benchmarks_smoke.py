@@ -524,6 +524,64 @@ def test_torchrl_objectives_bench_noise_band():
            "within it" in tob.markdown(results)
 
 
+_PAIRED_STAND_IN = """
+import json, os
+import pytest
+from torchrl.objectives.value.functional import td0_return_estimate
+import rl_triton_torchrl.patch as patch
+
+OUT = os.environ["PAIRED_OUT"]
+
+def _record(name, fn):
+    with open(OUT, "a") as f:
+        f.write(json.dumps([name, patch.is_patched(), fn.__module__, td0_return_estimate.__module__]) + "\\n")
+
+@pytest.mark.parametrize("val_fn", [td0_return_estimate])
+@pytest.mark.parametrize("flag", [False, True])
+def test_values(val_fn, flag, request):
+    _record(request.node.name, val_fn)
+
+def test_loss_speed(request):
+    _record(request.node.name, td0_return_estimate)
+"""
+
+
+def test_torchrl_objectives_bench_paired(tmp_path):
+    """``--paired``'s plugin on a stand-in of TorchRL's benchmark file: every row twice, ``-PLAIN`` / ``-PATCHED``
+    last in its id, the two side by side with the first side alternating; a PATCHED row runs with TorchRL patched,
+    the module's functionals and a parametrized TorchRL functional ours, a PLAIN row with none of it (restored after
+    each row); ``split_run`` makes the two sides' records."""
+    pytest.importorskip("torchrl")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import torchrl_objectives_bench as tob
+    finally:
+        sys.path.remove(str(BENCH))
+    (tmp_path / tob.TEST_FILE).write_text(_PAIRED_STAND_IN)
+    out = tmp_path / "rows.jsonl"
+    env = {**os.environ, "PAIRED_OUT": str(out), "RL_TRITON_TORCHRL_BENCH_PATCH": "paired",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH), str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "pytest", tob.TEST_FILE, "-q", "-p", "no:cacheprovider",
+                             "-p", "torchrl_objectives_bench", "-p", "no:randomly", "-k", "values[True or speed"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    ours, theirs = "rl_triton_torchrl.functional", "torchrl.objectives.value.functional"
+    assert rows == [["test_values[True-td0_return_estimate-PLAIN]", False, theirs, theirs],
+                    ["test_values[True-td0_return_estimate-PATCHED]", True, ours, ours],
+                    ["test_loss_speed[PATCHED]", True, ours, ours],
+                    ["test_loss_speed[PLAIN]", False, theirs, theirs]]
+    assert tob.split_paired("test_values[True-td0_return_estimate-PATCHED]") == ("test_values[True-td0_return_estimate]", "patched")
+    assert tob.split_paired("test_loss_speed[PLAIN]") == ("test_loss_speed", "plain")
+    assert tob.split_paired("test_values[x]") == ("test_values[x]", None)
+    record = {"side": "paired", "round": 1, "status": "ok", "rows": {"test_a[x-PLAIN]": 1, "test_a[x-PATCHED]": 2},
+              "failed_rows": {"test_b[PATCHED]": "FAILED"}, "errors": []}
+    plain, patched = tob.split_run(record)
+    assert (plain["side"], plain["rows"], plain["failed_rows"]) == ("plain", {"test_a[x]": 1}, {})
+    assert (patched["side"], patched["rows"], patched["failed_rows"]) == ("patched", {"test_a[x]": 2},
+                                                                          {"test_b": "FAILED"})
+
+
 def test_torchrl_objectives_bench_help(tmp_path):
     result = _run(["torchrl_objectives_bench.py", "--help"], tmp_path)
     assert "test_values or test_gae_speed or speed[False" in result.stdout and "--fresh-triton-cache" in result.stdout
