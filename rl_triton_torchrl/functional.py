@@ -78,8 +78,8 @@ def vec_generalized_advantage_estimate(
 def _td0(gamma, state_value, next_state_value, reward, done, terminated, backend):
     """TD(0), elementwise on inputs of any shape (0-d too): ``reward + gamma * (1 - terminated) * next_state_value``
     (minus ``state_value`` when given). There is no recursion along time, so no scan and no ``time_dim``: one
-    ``torch.addcmul`` on every backend, beside the flags' inversion and on CUDA the product with gamma (TorchRL's
-    expression takes five torch ops).
+    ``torch.addcmul`` on the CPU beside the flags' inversion; elsewhere the product with gamma, times the inverted
+    flags, plus ``reward`` (TorchRL's expression takes five torch ops).
 
     Exactness: for float32 inputs the result is TorchRL's bit for bit, NaN and inf included (``0 * inf`` at a
     terminated step is NaN in both): the product ``gamma * next_state_value`` is rounded once and multiplied by an
@@ -108,8 +108,10 @@ def _td0(gamma, state_value, next_state_value, reward, done, terminated, backend
         # CPU's addcmul computes ``self + (value * t1) * t2``: the product rounded, times an exact 0 or 1
         out = torch.addcmul(reward, next_state_value, ~terminated, value=gamma)
     else:
-        # CUDA's computes ``self + value * (t1 * t2)``, fused: the product with gamma must come first, on its own
-        out = torch.addcmul(reward, next_state_value * gamma, ~terminated)
+        # CUDA's addcmul computes ``self + value * (t1 * t2)``, fused, so the product with gamma comes first, on its
+        # own; and ``mul``/``add`` rather than addcmul there: a process's first addcmul loads its CUDA kernel
+        # (lazy module loading, 20-70 ms on the H200), where TorchRL's own losses have loaded these already
+        out = reward + (next_state_value * gamma) * ~terminated
     if state_value is not None:
         out = out - _as(state_value, acc)
     return _as(out, layout.dtype)
