@@ -31,9 +31,12 @@ Two uses of this file:
    which separates what the import costs a process from what the patch changes).
    ``--rounds N`` alternates the sides N times (plain, patched, plain, patched, ...). ``--paired`` runs plain and
    patched in one process per round instead (the plugin with ``RL_TRITON_TORCHRL_BENCH_PATCH=paired``): every row
-   twice, its id ending ``-PLAIN`` or ``-PATCHED``, the second run with TorchRL patched and the module's functionals
-   ours for that row only, which side runs first alternating from row to row and round to round; the speed of the
-   process, which differs between processes on a shared host by more than most rows differ, then cancels out.
+   three times, its id ending ``-PLAIN``, ``-PATCHED`` or ``-PLAIN2``, the ``-PATCHED`` run with TorchRL patched and
+   the module's functionals ours for that row only, ``-PLAIN2`` plain again (an A/A control: plain/plain2 is the
+   row's own spread between two runs in one process); the three run side by side in an order rotating from row to
+   row and round to round. The speed of the process, which differs between processes on a shared host by more than
+   most rows differ, then cancels out, and a patched row whose ratio its A/A ratio also reaches is marked as within
+   noise.
    ``--fresh-triton-cache`` gives
    every run its own empty ``TRITON_CACHE_DIR`` under ``--out``, so a patched run pays the compilation a fresh
    machine pays (pytest-benchmark's calibration and warm-up rounds absorb most of it; its ``min`` never does).
@@ -112,8 +115,8 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_generate_tests(metafunc):
-    """Paired: every row twice, ``-PLAIN`` and ``-PATCHED`` appended to its id (after the test's own ids, so that
-    ``-k "speed[False"`` still selects it)."""
+    """Paired: every row three times, ``-PLAIN``, ``-PATCHED`` and ``-PLAIN2`` appended to its id (after the test's
+    own ids, so that ``-k "speed[False"`` still selects it)."""
     if _mode() == "paired" and metafunc.module.__name__ == TEST_FILE[:-3]:
         metafunc.fixturenames.append(PAIRED_PARAM)
         metafunc.parametrize(PAIRED_PARAM, list(PAIRED_IDS), ids=list(PAIRED_IDS.values()))
@@ -126,19 +129,20 @@ def _paired_side(item) -> str | None:
 
 @pytest.hookimpl(trylast=True)  # after -k's deselection: the alternation is over the rows that run
 def pytest_collection_modifyitems(session, config, items):
-    """Paired: the two runs of a row side by side, which comes first alternating from row to row (and, with
-    ``RL_TRITON_TORCHRL_BENCH_FIRST=patched``, starting with patched), so that neither side always runs second."""
+    """Paired: the runs of a row side by side, their order rotating from row to row (the first row starting with
+    ``RL_TRITON_TORCHRL_BENCH_FIRST``, plain by default: plain, patched, plain2; then patched, plain2, plain; ...), so
+    that every side runs first, second and third equally often."""
     if _mode() != "paired":
         return
-    pairs = {}
+    groups = {}
     for item in items:
-        pairs.setdefault(split_paired(row_name(item.nodeid))[0], []).append(item)
-    flip = os.environ.get("RL_TRITON_TORCHRL_BENCH_FIRST", "plain") == "patched"
+        groups.setdefault(split_paired(row_name(item.nodeid))[0], []).append(item)
+    sides = list(PAIRED_IDS)
+    start = sides.index(os.environ.get("RL_TRITON_TORCHRL_BENCH_FIRST", "plain"))
     ordered = []
-    for pair in pairs.values():
-        pair.sort(key=lambda item: (_paired_side(item) == "patched") != flip)
-        ordered += pair
-        flip = not flip
+    for i, group in enumerate(groups.values()):
+        order = sides[(start + i) % len(sides):] + sides[:(start + i) % len(sides)]
+        ordered += sorted(group, key=lambda item: order.index(_paired_side(item)))
     items[:] = ordered
 
 
@@ -176,8 +180,8 @@ def pytest_runtest_call(item):
 def pytest_report_header(config):
     info = _patch_info()
     if _mode() == "paired":
-        return (f"torchrl_objectives_bench: every row twice, plain and patch_torchrl() on ({info['package']}; "
-                f"backend {info['backend']})")
+        return (f"torchrl_objectives_bench: every row three times, plain, patch_torchrl() on and plain again "
+                f"({info['package']}; backend {info['backend']})")
     if _mode() == "import":
         return f"torchrl_objectives_bench: rl_triton_torchrl imported, TorchRL not patched ({info['package']})"
     return (f"torchrl_objectives_bench: patch_torchrl() applied before collection ({info['package']}; backend "
@@ -200,7 +204,8 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
 _PAIRED_PATCHED = []  # paired mode: per row run patched, whether the patch was on and the functionals made ours
 
 
-PAIRED_IDS = {"plain": "PLAIN", "patched": "PATCHED"}  # paired mode's side -> the id appended to each row's
+# paired mode's side -> the id appended to each row's; plain2: plain again, the A/A control of the row
+PAIRED_IDS = {"plain": "PLAIN", "patched": "PATCHED", "plain2": "PLAIN2"}
 PAIRED_PARAM = "rl_triton_torchrl_side"
 
 
@@ -305,13 +310,33 @@ def summarize(results: dict) -> list[dict]:
                 missing = [n for n, x in (("plain", plain), (side, s)) if x["mean"] is None]
                 s["verdict"] = " and ".join(_why(entry["sides"][n], n, results) for n in missing)
         out.append(entry)
-    for side in sides:  # a ratio the control rows also reach says nothing about the patch
-        band = noise_band(out, side)
-        for e in out if band else ():
+    for side in (s for s in sides if s != "plain"):  # a ratio the control rows or the row's A/A run also reach
+        band = noise_band(out, side) if side != AA_SIDE else None
+        for e in out:
             s = e["sides"][side]
-            if not is_control(e["row"]) and s["ratio_mean"] is not None and band[0] <= s["ratio_mean"] <= band[1]:
+            if side == AA_SIDE:
+                s["verdict"] = "A/A" if s.get("ratio_mean") is not None else s.get("verdict", "")
+                continue
+            if s.get("ratio_mean") is None or is_control(e["row"]):
+                continue
+            if band and band[0] <= s["ratio_mean"] <= band[1]:
                 s["verdict"] += ", within noise"
+            elif within_aa(e, s["ratio_mean"]):
+                s["verdict"] += ", within its A/A spread"
     return out
+
+
+AA_SIDE = "plain2"  # paired mode's second plain run of each row
+
+
+def within_aa(entry: dict, ratio: float) -> bool:
+    """Whether ``ratio`` (plain/side by mean) lies within the row's A/A spread: between r and 1/r, r being the row's
+    plain/plain2 by mean (False where the row has no A/A run)."""
+    aa = entry["sides"].get(AA_SIDE, {}).get("ratio_mean")
+    if aa is None:
+        return False
+    k = max(aa, 1 / aa)
+    return 1 / k <= ratio <= k
 
 
 def is_control(row: str) -> bool:
@@ -340,6 +365,7 @@ def counts(summary: list[dict], side: str) -> dict:
     failed on either."""
     both = [e["sides"][side] for e in summary if e["sides"][side].get("ratio_mean") is not None]
     return {"by_mean": sum(s["ratio_mean"] > 1 for s in both), "by_median": sum(s["ratio_median"] > 1 for s in both),
+            "slower_beyond_noise": sum(s["ratio_mean"] < 1 and "within" not in s["verdict"] for s in both),
             "measured": len(both), "rows": len(summary),
             "failed_plain": sum(bool(e["sides"]["plain"]["failed"]) for e in summary),
             "failed_side": sum(bool(e["sides"][side]["failed"]) for e in summary)}
@@ -372,16 +398,18 @@ def markdown(results: dict) -> str:
               f"Triton cache per run: {results.get('fresh_triton_cache', False)}"]
     paired = results.get("paired", False)
     if paired:
-        lines.append("- paired: one pytest process per round runs every row plain and patched in turn (which side "
-                     "runs first alternates from row to row and from round to round)")
+        lines.append("- paired: one pytest process per round runs every row plain, patched and plain again (plain2, "
+                     "the row's A/A control) in turn, in an order rotating from row to row and from round to round")
     lines.append("")
     if "plain" in sides:
-        for side in others:
+        for side in (s for s in others if s != AA_SIDE):
             c = counts(summary, side)
             failed = f"; {c['failed_side']} failed on {side}, {c['failed_plain']} on plain" if (
                 c["failed_side"] or c["failed_plain"]) else ""
             lines.append(f"**{side} faster than plain: {c['by_mean']} of {c['measured']} rows by mean, "
-                         f"{c['by_median']} of {c['measured']} by median** ({c['rows']} rows{failed}).")
+                         f"{c['by_median']} of {c['measured']} by median** ({c['rows']} rows{failed}); slower "
+                         f"beyond noise (outside the control rows' band and the row's own A/A spread): "
+                         f"{c['slower_beyond_noise']}.")
             band = noise_band(summary, side)
             if band:
                 within = sum(e["sides"][side]["verdict"].endswith("within noise") for e in summary)
@@ -485,7 +513,9 @@ def run_side(side: str, round_: int, args, extra: list[str]) -> dict:
               "triton_cache": str(cache) if cache else None}
     start = time.perf_counter()
     with open(log_path, "w") as log:
-        first = "plain" if round_ % 2 else "patched"  # which side of the first row runs first, alternating
+        # which side of the first row runs first, alternating (paired: rotating over its three sides)
+        first = list(PAIRED_IDS)[(round_ - 1) % len(PAIRED_IDS)] if side == "paired" else (
+            "plain" if round_ % 2 else "patched")
         proc = subprocess.Popen(cmd, cwd=args.folder, env=side_env(side, args.aot_dir, cache, first), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -528,8 +558,8 @@ def run_side(side: str, round_: int, args, extra: list[str]) -> dict:
 
 
 def split_run(record: dict) -> list[dict]:
-    """A paired run's record as two, sides ``plain`` and ``patched``, each with its rows (ids without the paired
-    suffix) and failed rows; status, wall time, log and errors shared."""
+    """A paired run's record as three, sides ``plain``, ``patched`` and ``plain2``, each with its rows (ids without
+    the paired suffix) and failed rows; status, wall time, log and errors shared."""
     out = []
     for side in PAIRED_IDS:
         part = {**record, "side": side, "paired": True}
@@ -595,8 +625,9 @@ def main(argv=None) -> int:
         sys.exit("pytest-benchmark is not installed (pip install pytest-benchmark): the benchmark file needs it")
     for sub in ("runs", "logs"):
         (args.out / sub).mkdir(parents=True, exist_ok=True)
+    sides = list(PAIRED_IDS) if args.paired else args.sides
     results = {"environment": environment(argv, args.torchrl_commit), "folder": str(args.folder),
-               "keyword": args.keyword, "extra_pytest_args": extra, "sides": args.sides, "rounds": args.rounds,
+               "keyword": args.keyword, "extra_pytest_args": extra, "sides": sides, "rounds": args.rounds,
                "fresh_triton_cache": args.fresh_triton_cache, "aot_dir": str(args.aot_dir) if args.aot_dir else None,
                "paired": args.paired, "runs": []}
     path = args.out / f"{args.name}.json"
@@ -614,7 +645,7 @@ def main(argv=None) -> int:
     md.write_text(markdown(results))
     if "plain" in args.sides:
         summary = summarize(results)
-        for side in (s for s in args.sides if s != "plain"):
+        for side in (s for s in sides if s not in ("plain", AA_SIDE)):
             c = counts(summary, side)
             print(f"{side} faster than plain: {c['by_mean']} of {c['measured']} rows by mean, {c['by_median']} by "
                   f"median ({c['failed_side']} failed on {side}, {c['failed_plain']} on plain)")

@@ -486,7 +486,7 @@ def test_torchrl_objectives_bench_report():
     md = tob.markdown(results)
     # test_c failed in one of the two patched rounds: measured by the other, listed as failed
     assert "**patched faster than plain: 2 of 4 rows by mean, 3 of 4 by median** (4 rows; 1 failed on patched, 0 " \
-           "on plain)." in md
+           "on plain); slower beyond noise (outside the control rows' band and the row's own A/A spread): " in md
     assert "| `test_a[x]` | 2.00 ms | 800 µs | 2.50x | 2.00x | faster |" in md  # round means 1 ms and 0.6 ms
     assert "| `test_b[x]` | 1.00 ms | 2.00 ms | 0.500x | 2.00x | slower |" in md  # slower by mean, faster by median
     assert "| `test_c[x]` | 5.00 ms | 1.00 ms (1 of 2 rounds failed) | 5.00x | 5.00x | faster |" in md
@@ -569,17 +569,49 @@ def test_torchrl_objectives_bench_paired(tmp_path):
     ours, theirs = "rl_triton_torchrl.functional", "torchrl.objectives.value.functional"
     assert rows == [["test_values[True-td0_return_estimate-PLAIN]", False, theirs, theirs],
                     ["test_values[True-td0_return_estimate-PATCHED]", True, ours, ours],
+                    ["test_values[True-td0_return_estimate-PLAIN2]", False, theirs, theirs],
                     ["test_loss_speed[PATCHED]", True, ours, ours],
+                    ["test_loss_speed[PLAIN2]", False, theirs, theirs],
                     ["test_loss_speed[PLAIN]", False, theirs, theirs]]
     assert tob.split_paired("test_values[True-td0_return_estimate-PATCHED]") == ("test_values[True-td0_return_estimate]", "patched")
     assert tob.split_paired("test_loss_speed[PLAIN]") == ("test_loss_speed", "plain")
     assert tob.split_paired("test_values[x]") == ("test_values[x]", None)
-    record = {"side": "paired", "round": 1, "status": "ok", "rows": {"test_a[x-PLAIN]": 1, "test_a[x-PATCHED]": 2},
+    assert tob.split_paired("test_loss_speed[PLAIN2]") == ("test_loss_speed", "plain2")
+    record = {"side": "paired", "round": 1, "status": "ok", "rows": {"test_a[x-PLAIN]": 1, "test_a[x-PATCHED]": 2,
+                                                                     "test_a[x-PLAIN2]": 3},
               "failed_rows": {"test_b[PATCHED]": "FAILED"}, "errors": []}
-    plain, patched = tob.split_run(record)
+    plain, patched, plain2 = tob.split_run(record)
     assert (plain["side"], plain["rows"], plain["failed_rows"]) == ("plain", {"test_a[x]": 1}, {})
     assert (patched["side"], patched["rows"], patched["failed_rows"]) == ("patched", {"test_a[x]": 2},
                                                                           {"test_b": "FAILED"})
+    assert (plain2["side"], plain2["rows"], plain2["failed_rows"]) == ("plain2", {"test_a[x]": 3}, {})
+
+
+def test_torchrl_objectives_bench_aa_spread():
+    """Paired mode's A/A run (plain2): a patched row whose ratio lies within its own plain/plain2 spread (either
+    way) is marked so and not counted as slower beyond noise; one outside it is."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import torchrl_objectives_bench as tob
+    finally:
+        sys.path.remove(str(BENCH))
+    sides = {"plain": {"test_dqn_speed[x]": 1.0, "test_ppo_speed[x]": 1.0, "test_values[x]": 1.0},
+             "patched": {"test_dqn_speed[x]": 1.1, "test_ppo_speed[x]": 1.3, "test_values[x]": 0.5},
+             "plain2": {"test_dqn_speed[x]": 0.85, "test_ppo_speed[x]": 1.05, "test_values[x]": 1.0}}
+    runs = [{"side": side, "round": 1, "status": "ok", "wall_s": 1.0, "failed_rows": {}, "errors": [],
+             "rows": tob.parse_benchmark_json(_bench_json({k: (v * 1e-3, v * 1e-3) for k, v in rows.items()}))}
+            for side, rows in sides.items()]
+    results = {"environment": {}, "keyword": tob.DEFAULT_K, "sides": list(sides), "rounds": 1, "runs": runs,
+               "paired": True}
+    summary = tob.summarize(results)
+    verdicts = {e["row"]: e["sides"]["patched"]["verdict"] for e in summary}
+    assert verdicts == {"test_dqn_speed[x]": "slower, within its A/A spread", "test_ppo_speed[x]": "slower",
+                        "test_values[x]": "faster"}
+    assert {e["sides"]["plain2"]["verdict"] for e in summary} == {"A/A"}
+    assert tob.counts(summary, "patched")["slower_beyond_noise"] == 1
+    report = tob.markdown(results)
+    assert "slower beyond noise (outside the control rows' band and the row's own A/A spread): 1." in report
+    assert "plain/plain2 (mean)" in report and "**plain2 faster" not in report
 
 
 def test_torchrl_objectives_bench_help(tmp_path):
