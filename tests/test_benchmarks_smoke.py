@@ -486,7 +486,8 @@ def test_torchrl_objectives_bench_report():
     md = tob.markdown(results)
     # test_c failed in one of the two patched rounds: measured by the other, listed as failed
     assert "**patched faster than plain: 2 of 4 rows by mean, 3 of 4 by median** (4 rows; 1 failed on patched, 0 " \
-           "on plain); slower beyond noise (outside the control rows' band and the row's own A/A spread): " in md
+           "on plain); rows other than the control rows slower beyond noise (outside the control rows' band and " \
+           "the row's own A/A spread): " in md
     assert "| `test_a[x]` | 2.00 ms | 800 µs | 2.50x | 2.00x | faster |" in md  # round means 1 ms and 0.6 ms
     assert "| `test_b[x]` | 1.00 ms | 2.00 ms | 0.500x | 2.00x | slower |" in md  # slower by mean, faster by median
     assert "| `test_c[x]` | 5.00 ms | 1.00 ms (1 of 2 rounds failed) | 5.00x | 5.00x | faster |" in md
@@ -611,6 +612,9 @@ def test_torchrl_objectives_bench_aa_spread():
     assert tob.counts(summary, "patched")["slower_beyond_noise"] == 1
     report = tob.markdown(results)
     assert "slower beyond noise (outside the control rows' band and the row's own A/A spread): 1." in report
+    assert tob.counts(tob.summarize({**results, "runs": [
+        {**run, "rows": {f"test_dreamer_v3_value_speed{k[len('test_ppo_speed'):]}" if k.startswith("test_ppo") else k: v
+                         for k, v in run["rows"].items()}} for run in runs]}), "patched")["slower_beyond_noise"] == 0
     assert "plain/plain2 (mean)" in report and "**plain2 faster" not in report
 
 
