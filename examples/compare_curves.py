@@ -10,7 +10,8 @@ estimators' outputs are on the same batches.
     python examples/compare_curves.py --fresh-triton-cache [--aot-dir aot]   # as on a fresh machine
 
 Each (seed, estimator) pair is one run of ``examples/<example>`` in a fresh process, one after the other (the seeds
-interleaved, so that a change in machine load touches both estimators alike). Where the example has
+interleaved, so that a change in machine load touches both estimators alike, and which estimator runs first
+alternating from seed to seed). Where the example has
 ``--cross-check``, every batch is also given to the other estimator class, and the largest
 absolute differences of advantage and value target are logged. For ``rsl_rl`` the two "estimators" are the two PPO
 classes (``--algorithm rsl_rl|triton``) and the estimator's time is that of ``compute_returns``. Outputs, in
@@ -139,7 +140,8 @@ def run_all(args, example_args):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), example.script)
     runs, process_s = {}, {}
     for seed in range(args.seeds):
-        for estimator in example.estimators:
+        # the order alternates from seed to seed, so that neither estimator always runs second on a warmed host
+        for estimator in example.estimators[::-1] if seed % 2 else example.estimators:
             out = os.path.join(args.out, f"{estimator}_seed{seed}")
             done_marker = os.path.join(out, "curves.png")  # written after the last CSV row
             if not (args.reuse and os.path.exists(done_marker)):

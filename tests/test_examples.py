@@ -140,6 +140,25 @@ def test_compare_curves(tmp_path):
     assert all(float(r["process_s"]) > 0 and r["triton_compiled"] == "" for r in runs)
 
 
+def test_compare_curves_alternates_order(tmp_path, monkeypatch):
+    """The runs go seed by seed, which estimator runs first alternating from seed to seed."""
+    module = load("compare_curves")
+    order = []
+
+    def fake_run(cmd, **kwargs):
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "progress.csv").write_text("frames\n")
+        order.append((cmd[cmd.index("--seed") + 1], cmd[cmd.index("--estimator") + 1]))
+        return subprocess.CompletedProcess(cmd, 0, stdout="done\n", stderr=None)
+
+    monkeypatch.setattr(module.subprocess, "run", fake_run)
+    args = module.parse_args(["--example", "ppo", "--seeds", "3", "--out", str(tmp_path)])[0]
+    module.run_all(args, [])
+    assert order == [("0", "torchrl"), ("0", "triton"), ("1", "triton"), ("1", "torchrl"), ("2", "torchrl"),
+                     ("2", "triton")]
+
+
 def test_compare_curves_fresh_triton_cache(tmp_path):
     """Each run gets an empty Triton cache of its own and the bundle's folder, without the cross-check; the
     summary counts what Triton compiled there (nothing on the CPU path) and says how the runs were made."""
