@@ -314,12 +314,13 @@ def summarize(results: dict) -> list[dict]:
         band = noise_band(out, side) if side != AA_SIDE else None
         for e in out:
             s = e["sides"][side]
+            if s.get("ratio_mean") is None:
+                continue
             if side == AA_SIDE:
-                s["verdict"] = "A/A" if s.get("ratio_mean") is not None else s.get("verdict", "")
-                continue
-            if s.get("ratio_mean") is None or is_control(e["row"]):
-                continue
-            if band and band[0] <= s["ratio_mean"] <= band[1]:
+                s["verdict"] = "A/A"
+            elif is_control(e["row"]):
+                pass
+            elif band and band[0] <= s["ratio_mean"] <= band[1]:
                 s["verdict"] += ", within noise"
             elif within_aa(e, s["ratio_mean"]):
                 s["verdict"] += ", within its A/A spread"
@@ -363,9 +364,10 @@ def _why(s: dict, side: str, results: dict) -> str:
 def counts(summary: list[dict], side: str) -> dict:
     """Rows ``side`` is faster than plain in, by mean and by median, out of the rows measured on both; the rows
     failed on either."""
-    both = [e["sides"][side] for e in summary if e["sides"][side].get("ratio_mean") is not None]
-    tested = [e["sides"][side] for e in summary if e["sides"][side].get("ratio_mean") is not None
-              and not is_control(e["row"])]  # the control rows set the band; they are not judged by it
+    measured = [e for e in summary if e["sides"][side].get("ratio_mean") is not None]
+    both = [e["sides"][side] for e in measured]
+    # the control rows set the band; they are not judged by it
+    tested = [e["sides"][side] for e in measured if not is_control(e["row"])]
     return {"by_mean": sum(s["ratio_mean"] > 1 for s in both), "by_median": sum(s["ratio_median"] > 1 for s in both),
             "slower_beyond_noise": sum(s["ratio_mean"] < 1 and "within" not in s["verdict"] for s in tested),
             "measured": len(both), "rows": len(summary),

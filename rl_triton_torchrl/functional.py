@@ -108,9 +108,9 @@ def _td0(gamma, state_value, next_state_value, reward, done, terminated, backend
         # CPU's addcmul computes ``self + (value * t1) * t2``: the product rounded, times an exact 0 or 1
         out = torch.addcmul(reward, next_state_value, ~terminated, value=gamma)
     else:
-        # CUDA's addcmul computes ``self + value * (t1 * t2)``, fused, so the product with gamma comes first, on its
-        # own; and ``mul``/``add`` rather than addcmul there: a process's first addcmul loads its CUDA kernel
-        # (lazy module loading, 20-70 ms on the H200), where TorchRL's own losses have loaded these already
+        # the product with gamma rounded first, then times an exact 0 or 1; ``mul``/``add`` rather than addcmul on
+        # CUDA: a process's first addcmul loads its kernel (lazy module loading, 20-70 ms on the H200), where
+        # TorchRL's own ops have loaded these already
         out = reward + (next_state_value * gamma) * ~terminated
     if state_value is not None:
         out = out - _as(state_value, acc)
