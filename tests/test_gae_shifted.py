@@ -133,6 +133,24 @@ def test_warp_local_tiles(T, pattern, monkeypatch):
     check(x, "triton", initial_state=h0, output_final_state=True)
 
 
+@pytest.mark.triton
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("T", [13, 45, 129, 131, 301])
+def test_aligned_windows(T, pattern, monkeypatch):
+    """Rows whose length is no multiple of 4 in aligned windows (``scan.chunk``'s ``WINDOW``), whole or in 128-step
+    tiles of several chunks, where V(s_(t+1)) comes from the window's own columns: the last value (read once per row,
+    its storage a view off the 16-byte grid) does not stand in the way; with a carried state and the final state."""
+    monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
+    monkeypatch.setattr(scan, "WINDOW_KERNELS", scan.KERNELS)
+    taken, rule = [], scan._aligned_window
+    monkeypatch.setattr(scan, "_aligned_window", lambda *a: taken.append(rule(*a)) or taken[-1])
+    x = with_last_value(make_inputs((3, T, 1), -2, pattern, seed=T), -2)
+    x["last_value"] = torch.cat([torch.zeros(1), x["last_value"].reshape(-1)])[1:].view(x["last_value"].shape)
+    h0 = randn((3, 1), torch.Generator().manual_seed(T), torch.float32)
+    check(x, "triton", initial_state=h0, output_final_state=True)
+    assert taken == [True]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_long_sequence(backend):
     """T = 5000: the chunk loop (and, on the Triton path, the look-back mode's one program per chunk)."""

@@ -41,15 +41,16 @@ def tiny_chunks(monkeypatch, request):
     yield window
 
 
-def _compare(algo, shape, pattern, seed, with_state, dtype=torch.float32):
-    """The Triton path against the reference on one rollout whose floating tensors (and carried state) are ``dtype``."""
+def _compare(algo, shape, pattern, seed, with_state, dtype=torch.float32, storage=None):
+    """The Triton path against the reference on one rollout whose floating tensors (and carried state) are ``dtype``,
+    its tensors given to the call as ``storage`` makes them (of the dict of them)."""
     call, ref, coefs = TABLE[algo]
     x = {k: (v.to(DEVICE, dtype if v.is_floating_point() else v.dtype) if isinstance(v, torch.Tensor) else v)
          for k, v in make_rollout(shape, -2, pattern, seed=seed).items()}
     kw = dict(coefs)
     if with_state:
         kw["initial_state"] = torch.randn(state_shape(x, -2)).to(DEVICE, dtype)
-    out = as_tuple(call(x, backend="triton", output_final_state=with_state, **kw))
+    out = as_tuple(call(x if storage is None else storage(x), backend="triton", output_final_state=with_state, **kw))
     expected, h_expected = ref(x, **kw)
     expected = as_tuple(expected) + ((h_expected,) if with_state else ())
     assert len(out) == len(expected), algo
@@ -202,25 +203,97 @@ def test_offset_types(algo, mode, offsets, monkeypatch):
         monkeypatch.setattr(scan, "LOOKBACK_MIN_T", 0)
         monkeypatch.setattr(scan, "LOOKBACK_MAX_ROWS", 10**9)
         monkeypatch.setattr(scan, "LOOKBACK_BLOCK_T", 16)
+    seen = _spy_launches(monkeypatch, "INT64")
+    _compare(algo, (2, 45, 1), "random", seed=3, with_state=True)
+    assert seen and all(flag == (offsets == "int64") for flag in seen), seen
+
+
+def _spy_launches(monkeypatch, name: str) -> list:
+    """The kernel argument ``name`` of every plain launch from now on, in a list (launch plans read their arguments
+    through the spied launcher too)."""
     seen = []
     launcher = scan.launcher
 
     class Spy:
-        """The kernel's launcher, noting each plain launch's offset type (launch plans read it through this too)."""
-
         def __init__(self, kernel):
             self.lean = launcher(kernel)
 
-        def __getattr__(self, name):
-            return getattr(self.lean, name)
+        def __getattr__(self, attr):
+            return getattr(self.lean, attr)
 
         def __call__(self, grid, num_warps, maxnreg=None, **kwargs):
-            seen.append(kwargs["INT64"])
+            seen.append(kwargs[name])
             return self.lean(grid, num_warps, maxnreg, **kwargs)
 
     monkeypatch.setattr(scan, "launcher", Spy)
-    _compare(algo, (2, 45, 1), "random", seed=3, with_state=True)
-    assert seen and all(flag == (offsets == "int64") for flag in seen), seen
+    return seen
+
+
+@pytest.fixture
+def windows(monkeypatch):
+    """Aligned windows for every kernel, in rows of 16-step chunks (so that a window walks one chunk more where the
+    rule lets it: ``WINDOW_MIN_CHUNKS`` 2)."""
+    monkeypatch.setattr(scan, "WINDOW_KERNELS", KERNELS)
+    monkeypatch.setattr(scan, "WINDOW_MIN_CHUNKS", 2)
+    monkeypatch.setattr(scan, "MAX_BLOCK_T", 16)
+
+
+def _offset_storage(x: dict) -> dict:
+    """``x`` with every tensor moved to storage one element on: the same values, no longer 16-byte aligned."""
+    def moved(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        flat = torch.empty(v.numel() + 1, dtype=v.dtype, device=v.device)[1:]
+        return flat.view(v.shape).copy_(v)
+    return {k: moved(v) for k, v in x.items()}
+
+
+@pytest.mark.parametrize("with_state", [False, True], ids=["no-state", "state"])
+@pytest.mark.parametrize("pattern", ["none", "all", "random"])
+@pytest.mark.parametrize("shape", [(3, 45, 1), (5, 13, 1), (2, 3, 11, 1), (1, 9, 1), (6, 35, 1)],
+                         ids=["3x45", "5x13", "2x3x11", "1x9", "6x35"])
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_aligned_windows_match_reference(algo, shape, pattern, with_state, windows, monkeypatch):
+    """Rows of a length that is no multiple of 4 in aligned windows (``scan.chunk``'s ``WINDOW``: each row's tiles
+    start at the 16-byte boundary at or before it), chunked or whole, against the references; every kernel but the
+    discrete Retrace's (its int64 actions rule the windows out) takes them."""
+    seen = _spy_launches(monkeypatch, "WINDOW")
+    _compare(algo, shape, pattern, seed=sum(shape), with_state=with_state)
+    assert seen and all(flag == ("discrete" not in algo) for flag in seen), seen
+
+
+@pytest.mark.parametrize("algo", list(TABLE))
+def test_aligned_windows_need_aligned_tensors(algo, windows, monkeypatch):
+    """Inputs that do not start on a 16-byte boundary run without windows (a window's groups past a row's ends
+    would not stay in the 16 bytes that hold them), with the same results."""
+    seen = _spy_launches(monkeypatch, "WINDOW")
+    _compare(algo, (3, 45, 1), "random", seed=4, with_state=True, storage=_offset_storage)
+    assert seen and not any(seen), seen
+
+
+def test_aligned_window_rule(monkeypatch):
+    """``scan._aligned_window``: kernels of ``WINDOW_KERNELS`` over rows compiled for their length that is no
+    multiple of 4 and longer than ``SHORT_T``, in row tiles, float32 accumulation, 16-byte aligned tensors of at most
+    4-byte elements; one more chunk only in walks of at least ``WINDOW_MIN_CHUNKS``."""
+    monkeypatch.setattr(scan, "WINDOW_KERNELS", frozenset({"k"}))
+    monkeypatch.setattr(scan, "WINDOW_MIN_CHUNKS", 4)
+
+    def rule(shape, tensors=None, name="k", fixed_t=True, dtype=torch.float32, **cfg):
+        layout = _layout(shape, dtype)
+        cfg = {**scan.launch_config(layout, name), **cfg}
+        tensors = [torch.empty(shape, dtype=dtype, device="meta")] if tensors is None else tensors
+        return scan._aligned_window(layout, cfg, name, fixed_t, tensors)
+
+    assert rule((8, 45, 1)) and rule((8, 13, 1)) and rule((8, 125, 1))  # one 64- / 16- / 128-step tile either way
+    assert not rule((8, 44, 1)) and not rule((8, 7, 1))  # a multiple of 4; no more than SHORT_T steps
+    assert not rule((8, 45, 1), name="other") and not rule((8, 45, 1), fixed_t=False)
+    assert not rule((8, 45, 1), dtype=torch.float64) and not rule((8, 45, 1), LOOKBACK=32)
+    assert not rule((8, 63, 1)) and not rule((8, 127, 1)) and not rule((8, 2047, 1))  # one tile, two as windows
+    # rows of 128-step chunks: 129 walks 2 either way, 255 2 -> 3 (too short a walk), 511 4 -> 5, 2047 16 -> 17
+    assert rule((4096, 129, 1)) and not rule((4096, 255, 1)) and rule((4096, 511, 1)) and rule((4096, 2047, 1))
+    flat = torch.empty(8 * 45 + 1)
+    assert not rule((8, 45, 1), tensors=[flat[1:].view(8, 45, 1)])  # not 16-byte aligned
+    assert not rule((8, 45, 1), tensors=[torch.empty(8, 45, 1), torch.empty(8, 45, 1, dtype=torch.int64)])
 
 
 def test_kernels_names_every_kernel():

@@ -51,36 +51,36 @@ def _gae_fwd_kernel(
     s_gamma_o, s_gamma_t, s_gamma_i, s_lmbda_o, s_lmbda_t, s_lmbda_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
     SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr, SHIFTED: tl.constexpr,
-    SHIFT_IN_TILE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+    SHIFTED: tl.constexpr, SHIFT_IN_TILE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     # SHIFTED: V' is v one step on, and nv holds the last value [*B, *F] (time stride 0), read at t = T - 1 only
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
     # SHIFT_IN_TILE: batch-major rows of several chunks, whose next step is the next element (``load_next_step``);
     # time-major rows read a whole row of steps on, aligned
     b_v_after = tl.zeros([BLOCK_R], dtype=ACC)  # [BLOCK_R] v at the first step of the chunk after this one
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
-        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
+        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
+        b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
-                                       s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
+                                       s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS, w)  # [BLOCK_R, BLOCK_T]
         if SHIFTED:
             b_nv, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
                                              SHIFT_IN_TILE, LOOKBACK)
             b_lv = load_row(nv_ptr, o_o, o_i, s_nv_o, s_nv_i, m_r, ACC)  # [BLOCK_R]
             b_nv = tl.where(o_t == T - 1, b_lv[:, None], b_nv)  # [BLOCK_R, BLOCK_T]
         else:
-            b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+            b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         # V' of a terminated step is never read (nor can a NaN there leak)
         b_nv = zero_where(b_nv, b_nterm == 0)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
         b_a, b_b = _gae_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_l)
         b_adv, b_h = scan_tile(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
-        store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
-        store_tile(vt_ptr, b_adv + b_v, o_o, o_i, o_t, T, inner, m)
+        store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m, w)
+        store_tile(vt_ptr, b_adv + b_v, o_o, o_i, o_t, T, inner, m, w)
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 

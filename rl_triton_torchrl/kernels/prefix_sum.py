@@ -56,23 +56,23 @@ def _prefix_sum_fwd_kernel(
     s_x_o, s_x_t, s_x_i, s_f_o, s_f_t, s_f_i, s_discount_o, s_discount_t, s_discount_i,
     ACC: tl.constexpr, DISCOUNT_TENSOR: tl.constexpr, AFTER_DONE: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, False, LOOKBACK, INT64)
-        b_x = load_tile(x_ptr, o_o, o_i, o_t, s_x_o, s_x_t, s_x_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, False, LOOKBACK, WINDOW, INT64)
+        b_x = load_tile(x_ptr, o_o, o_i, o_t, s_x_o, s_x_t, s_x_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         if AFTER_DONE:  # the flag of the previous step; none before step 0 (the carried state has it applied)
             b_f = load_tile(f_ptr, o_o, o_i, o_t - 1, s_f_o, s_f_t, s_f_i, m & (o_t > 0), ACC)
         else:
-            b_f = load_tile(f_ptr, o_o, o_i, o_t, s_f_o, s_f_t, s_f_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+            b_f = load_tile(f_ptr, o_o, o_i, o_t, s_f_o, s_f_t, s_f_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         b_g = load_coef(discount_ptr, discount, o_o, o_i, o_t, s_discount_o, s_discount_t, s_discount_i, m, ACC,
                         DISCOUNT_TENSOR)
         b_a, b_b = _prefix_sum_coefficients(b_x, 1.0 - b_f, b_g)
         b_s, b_h = scan_tile(b_a, b_b, b_h, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
-        store_tile(s_ptr, b_s, o_o, o_i, o_t, T, inner, m)
+        store_tile(s_ptr, b_s, o_o, o_i, o_t, T, inner, m, w)
     if STORE_FINAL_STATE:
         if AFTER_DONE:  # the last step's flag resets the state carried out
             o_last = tl.zeros([1, 1], dtype=tl.int64) + (T - 1)

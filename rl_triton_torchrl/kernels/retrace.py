@@ -106,19 +106,19 @@ def _retrace_fwd_kernel(
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
     LOG_RATIO: tl.constexpr, SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
-        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_q = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
+        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
+        b_q = load_tile(q_ptr, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
-                                       s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
+                                       s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS, w)  # [BLOCK_R, BLOCK_T]
         # the expected Q' of a terminated step is never read (nor can a NaN there leak)
-        b_nq = zero_where(load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC), b_nterm == 0)
+        b_nq = zero_where(load_tile(nq_ptr, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC, w), b_nterm == 0)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         # c_(t+1) and Q(s_(t+1), a_(t+1)): loads one step later
         o_t1 = o_t + 1
@@ -130,8 +130,8 @@ def _retrace_fwd_kernel(
         b_q1 = load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m1, ACC)
         b_qret, b_h = _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A, lb_ptr, o_r,
                                     i_c, n_chunks, LOOKBACK)
-        store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m)
-        store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m)
+        store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m, w)
+        store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m, w)
     if STORE_FINAL_STATE:  # u_0 = c_0 (Q_ret_0 - Q_0), from column 0 of a first-chunk tile
         o_t = tl.arange(0, BLOCK_T).to(tl.int64)[None, :]
         m_0 = m_r[:, None] & (o_t == 0)
@@ -175,7 +175,7 @@ def _retrace_discrete_fwd_kernel(
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr, C_BAR_TENSOR: tl.constexpr,
     LOG_RATIO: tl.constexpr, SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """``_retrace_fwd_kernel`` on the per-action tensors of a discrete action space: ``q``, ``nq``, ``pi`` and
@@ -183,12 +183,12 @@ def _retrace_discrete_fwd_kernel(
     action dimension's), ``act`` the taken actions, ``mu`` their behaviour probabilities (or logs). The gathers of
     the taken action and the expectation over the next step's actions happen here, in ACC."""
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
-        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
+        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
-                                       s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
+                                       s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS, w)  # [BLOCK_R, BLOCK_T]
         _, b_q = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t, m,
                         s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o, s_mu_t,
                         s_mu_i, ACC, LOG_RATIO)
@@ -211,8 +211,8 @@ def _retrace_discrete_fwd_kernel(
                               s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i, ACC, LMBDA_TENSOR, C_BAR_TENSOR)
         b_qret, b_h = _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A, lb_ptr, o_r,
                                     i_c, n_chunks, LOOKBACK)
-        store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m)
-        store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m)
+        store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m, w)
+        store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m, w)
     if STORE_FINAL_STATE:  # u_0 = c_0 (Q_ret_0 - Q_0), from column 0 of a first-chunk tile
         o_t = tl.arange(0, BLOCK_T).to(tl.int64)[None, :]
         m_0 = m_r[:, None] & (o_t == 0)

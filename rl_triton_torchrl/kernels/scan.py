@@ -155,6 +155,16 @@ TIME_MAJOR_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel"})
 # 65536 x 24 624 -> 272 instructions, 4096 x 1000 448 -> 272). One compiled kernel per such length; longer
 # sequences run in look-back chunks, whose starts are aligned anyway.
 CONSTANT_MAX_T = 4096
+# Row tiles as aligned windows (``_aligned_window``) for the kernels in WINDOW_KERNELS: contiguous rows of a length T
+# that is no multiple of 4 (from SHORT_T + 1 steps, compiled for their length) start off the 16-byte grid, so their
+# row tiles load and store one element per instruction through shared-memory layout conversions (sm_90 SASS of GAE
+# at 65536 x 2047: 528 instructions, 10 barriers, against 360 and 4 at 2048). A window starts at the 16-byte boundary
+# at or before its row and is up to 3 steps longer (``chunk``): taken where that adds no chunk to a row's walk, or
+# at most one to a walk of at least WINDOW_MIN_CHUNKS. The standalone prototype (benchmarks/proto_misaligned.py, a
+# discounted return, H200: 65536 x 2047 1033 -> 674 µs, 16384 x 257 56.4 -> 35.3, 16 x 2049 20.1 -> 10.9) is the
+# only GPU measurement so far: the scan core's windows have not run on a GPU yet, so no kernel takes them by default.
+WINDOW_KERNELS = frozenset()
+WINDOW_MIN_CHUNKS = 4
 # Reverse scans of tiles exactly WARP_LOCAL_T steps wide (32 lanes x 4 steps: one warp per row) reverse the tile
 # themselves and scan forward (see scan_tile_enter). For narrower tiles Triton's gather first moves the tile into a
 # layout of its own through shared memory (16-64 steps: more SASS instructions than its reverse scan), and at 4
@@ -232,7 +242,7 @@ def _chunk_time(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, 
 
 @triton.jit
 def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-                 HAS_INITIAL_STATE: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr):
+                 HAS_INITIAL_STATE: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr):
     """Start of every scan kernel: this program's rows, the state entering them, and its chunks.
 
     Returns (outer index, inner index, row ids, row mask) [BLOCK_R] (int64 with ``INT64``, else int32), the state
@@ -250,7 +260,7 @@ def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: t
         c_hi = c_lo + 1
         o_o, o_i, m_r = o_r // inner, o_r % inner, o_r < n_rows
     else:
-        n_chunks = (T + BLOCK_T - 1) // BLOCK_T
+        n_chunks = (T + 3 * WINDOW + BLOCK_T - 1) // BLOCK_T
         o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R, INT64)
         c_lo = 0
         c_hi = n_chunks
@@ -269,24 +279,46 @@ def ticket_chunk(ticket, n_rows, n_chunks):
 
 
 @triton.jit
-def chunk(i_c, n_chunks, T, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, LOOKBACK: tl.constexpr,
-          INT64: tl.constexpr):
-    """The i_c-th chunk in scan order: time indices (of the offsets' type) and the tile mask [BLOCK_R, BLOCK_T].
+def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, LOOKBACK: tl.constexpr,
+          WINDOW: tl.constexpr, INT64: tl.constexpr):
+    """The i_c-th chunk in scan order: time indices (of the offsets' type), the tile mask [BLOCK_R, BLOCK_T] and the
+    tile's window ``w`` for ``load_tile`` and ``store_tile``.
 
     The time indices are [1, BLOCK_T], the same steps in every row of the tile; with ``LOOKBACK`` they are
     [BLOCK_R, BLOCK_T]: the chunk is ``BLOCK_R * BLOCK_T`` steps of one row, tile row k its k-th segment of
     ``BLOCK_T`` steps (time ascends along each segment and from one segment to the next).
+
+    With ``WINDOW`` (rows of a compile-time length T that is no multiple of 4, stored contiguously: ``launch``'s
+    ``_aligned_window``) each tile row is a window of its row that starts at the 16-byte boundary at or before the
+    row's first element (its element offset rounded down to a multiple of 4), so the time indices are
+    [BLOCK_R, BLOCK_T], the row's own steps (negative, or from T on, in the columns outside the row). The window
+    ``w`` holds the rounded row offsets and the columns, from which ``_tile_ptrs`` builds pointers that Triton's
+    axis analysis proves 16-byte aligned, and a mask per 4-element group (constant over each group, so that the
+    loads can be vector loads). Without ``WINDOW`` it is ``(m,)``, which the loads and stores ignore. (Whether a
+    chunk has a window is the tuple's length: a constexpr inside a tuple a JIT function returns reaches the caller as
+    a tensor, so it could not tell them apart at compile time.)
     """
     if LOOKBACK:
         BLOCK_R: tl.constexpr = m_r.shape[0]
         o_t = (_chunk_start(i_c, n_chunks, BLOCK_R * BLOCK_T, REVERSE, INT64)
                + (tl.arange(0, BLOCK_R) * BLOCK_T)[:, None] + tl.arange(0, BLOCK_T)[None, :])
         m = m_r[:, None] & (o_t < T)
+        w = (m,)
+    elif WINDOW:
+        o_c = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + tl.arange(0, BLOCK_T)  # [BLOCK_T] columns
+        a_o = o_o * T // 4 * 4  # [BLOCK_R] the 16-byte boundary at or before each row (in this form, provably)
+        shift = o_o * T - a_o  # [BLOCK_R] 0-3: the row's first step is its window's column `shift`
+        o_t = o_c[None, :] - shift[:, None]
+        m = m_r[:, None] & (o_t >= 0) & (o_t < T)
+        # the columns whose 4-group holds a step of the row (the rest of such a group: the neighbouring rows)
+        m_ld = m_r[:, None] & (o_c[None, :] < ((shift + T + 3) // 4 * 4)[:, None])
+        w = (a_o, o_c, m_ld)
     else:
         o_t_1d, m_t = _chunk_time(i_c, n_chunks, T, BLOCK_T, REVERSE, INT64)
         o_t = o_t_1d[None, :]
         m = m_r[:, None] & m_t[None, :]
-    return o_t, m
+        w = (m,)
+    return o_t, m, w
 
 
 @triton.jit
@@ -304,15 +336,33 @@ def store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE: tl.con
 
 
 @triton.jit
-def _tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i):
+def _tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w=None):
     """Pointers [BLOCK_R, BLOCK_T] of a tensor viewed as (outer, T, inner) with strides (s_o, s_t, s_i); o_t is
-    [1, BLOCK_T] or [BLOCK_R, BLOCK_T] (``chunk``)."""
+    [1, BLOCK_T] or [BLOCK_R, BLOCK_T] (``chunk``). With the window ``w`` of a ``WINDOW`` chunk, a tensor stepping
+    along time (in such a launch every such tensor has the layout's contiguous strides ``(T, 1, 1)``, compile-time
+    constants; the rest are broadcast along time, ``s_t`` 0) is addressed as the window's aligned row start plus its
+    column: the same elements, in the form Triton proves aligned."""
+    if w is not None:
+        if len(w) == 3:
+            if s_t == 1:
+                a_o, o_c, _ = w
+                return base + a_o[:, None] + o_c[None, :]
     return base + (o_o * s_o + o_i * s_i)[:, None] + o_t * s_t
 
 
 @triton.jit
-def load_tile(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr):
-    """Loads a [BLOCK_R, BLOCK_T] tile of any dtype (bool flags included) as ACC; masked elements read 0."""
+def load_tile(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr, w=None):
+    """Loads a [BLOCK_R, BLOCK_T] tile of any dtype (bool flags included) as ACC; masked elements read 0.
+
+    ``w``: the chunk's window (``chunk``), given for the loads of the chunk's own steps o_t. A tensor that
+    ``_tile_ptrs`` addresses through it is loaded in whole 4-element groups (vector loads), and the elements of a
+    group outside the mask ``m`` (the neighbouring rows') are zeroed after the load."""
+    if w is not None:
+        if len(w) == 3:
+            if s_t == 1:
+                _, _, m_ld = w
+                b_x = tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=m_ld, other=0).to(ACC)
+                return tl.where(m, b_x, 0)
     return tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i), mask=m, other=0).to(ACC)
 
 
@@ -347,20 +397,21 @@ def load_coef(base, value, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr, I
 
 
 @triton.jit
-def store_tile(base, b_x, o_o, o_i, o_t, T, inner, m):
-    """Stores a tile into a contiguous output of shape (outer, T, inner), casting to its dtype."""
-    tl.store(_tile_ptrs(base, o_o, o_i, o_t, T * inner, inner, 1), b_x.to(base.dtype.element_ty), mask=m)
+def store_tile(base, b_x, o_o, o_i, o_t, T, inner, m, w=None):
+    """Stores a tile into a contiguous output of shape (outer, T, inner), casting to its dtype; ``w`` as for
+    ``load_tile`` (the stores keep the exact mask: the rest of a group belongs to the neighbouring rows)."""
+    tl.store(_tile_ptrs(base, o_o, o_i, o_t, T * inner, inner, 1, w), b_x.to(base.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i, m,
-                   ACC: tl.constexpr, SAME_FLAGS: tl.constexpr):
+                   ACC: tl.constexpr, SAME_FLAGS: tl.constexpr, w=None):
     """(1 - done, 1 - terminated) tiles as ACC; with ``SAME_FLAGS`` one tensor is both and is read once."""
-    b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)
+    b_nd = 1.0 - load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC, w)
     if SAME_FLAGS:
         b_nterm = b_nd
     else:
-        b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)
+        b_nterm = 1.0 - load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC, w)
     return b_nd, b_nterm
 
 
@@ -599,17 +650,17 @@ def _linear_scan_fwd_kernel(
     n_rows, inner, T,
     s_a_o, s_a_t, s_a_i, s_b_o, s_b_t, s_b_i,
     ACC: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr,
+    NUM_STAGES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, REVERSE, LOOKBACK, INT64)
-        b_a = load_tile(a_ptr, o_o, o_i, o_t, s_a_o, s_a_t, s_a_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_b = load_tile(b_ptr, o_o, o_i, o_t, s_b_o, s_b_t, s_b_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, REVERSE, LOOKBACK, WINDOW, INT64)
+        b_a = load_tile(a_ptr, o_o, o_i, o_t, s_a_o, s_a_t, s_a_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
+        b_b = load_tile(b_ptr, o_o, o_i, o_t, s_b_o, s_b_t, s_b_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         b_h_all, b_h = scan_tile(b_a, b_b, b_h, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
-        store_tile(h_ptr, b_h_all, o_o, o_i, o_t, T, inner, m)
+        store_tile(h_ptr, b_h_all, o_o, o_i, o_t, T, inner, m, w)
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
@@ -777,6 +828,23 @@ def _constant_length(layout: Layout, strides: list) -> bool:
             and all(st == layout.contiguous_strides or st[1] == 0 for st in strides))
 
 
+def _aligned_window(layout: Layout, cfg: dict, kernel_name: str, fixed_t: bool, tensors) -> bool:
+    """Whether a launch's row tiles are aligned windows (``WINDOW``, see ``chunk``): a kernel of ``WINDOW_KERNELS``
+    in row tiles (not look-back chunks) over rows compiled for their length (``_constant_length``: every input
+    contiguous or broadcast along time) whose length T > ``SHORT_T`` is no multiple of 4, with float32
+    accumulation; where the window's up to 3 more steps add no chunk to a row's walk, or one to a walk of at least
+    ``WINDOW_MIN_CHUNKS``; and every tensor ``tensors`` (those the windows address: the inputs that step along time,
+    the outputs) 16-byte aligned with elements of at most 4 bytes, so that the 4-element groups a window loads past
+    a row's ends never leave the 16 bytes that hold the row's end."""
+    if not (fixed_t and layout.T % 4 and layout.T > SHORT_T and kernel_name in WINDOW_KERNELS
+            and not cfg["LOOKBACK"] and layout.acc_dtype == torch.float32):
+        return False
+    walk, window_walk = _cdiv(layout.T, cfg["BLOCK_T"]), _cdiv(layout.T + 3, cfg["BLOCK_T"])
+    if window_walk > walk and walk < WINDOW_MIN_CHUNKS:
+        return False
+    return all(x.element_size() <= 4 and x.data_ptr() % 16 == 0 for x in tensors)
+
+
 def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict | None = None,
            initial_state=None, output_final_state: bool = False, finite_a: bool = False, **constexprs):
     """Launches an algorithm kernel over ``layout``; returns the final-state buffer (or None).
@@ -876,13 +944,16 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     slots += ["h0_ptr"] * (h0 is not None) + number_slots + ["ht_ptr"] * (ht is not None)
     cfg = dict(launch_config(layout, lean.name))
     grid, num_warps, maxnreg = cfg.pop("grid"), cfg.pop("num_warps"), cfg.pop("maxnreg", None)
+    stepping = [x for x, (_, s_t, _) in zip(inputs.values(), strides) if s_t] + list(outputs.values())
+    cfg["WINDOW"] = _aligned_window(layout, cfg, lean.name, fixed_t, stepping)
     lb = None
     if cfg["LOOKBACK"]:  # the ticket counter and three status words per chunk, all zero
         lb = torch.zeros(1 + 3 * grid[0], dtype=torch.int64, device=layout.device)
         slots.append("lb_ptr")
     kwargs = dict(
         **kwargs, h0_ptr=h0, ht_ptr=ht, lb_ptr=lb, HAS_INITIAL_STATE=h0 is not None,
-        STORE_FINAL_STATE=output_final_state, n_rows=layout.rows, inner=layout.inner,
+        STORE_FINAL_STATE=output_final_state, n_rows=layout.rows,
+        inner=tl.constexpr(layout.inner) if cfg["WINDOW"] else layout.inner,
         T=tl.constexpr(layout.T) if fixed_t else layout.T,
         ACC=triton_dtype(layout.acc_dtype),
         INT64=lean.name not in INT32_KERNELS or _int64_offsets(layout, strides),
@@ -947,7 +1018,8 @@ _CONFIG_NAMES = frozenset({
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
     "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
-    "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS"})
+    "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS", "WINDOW_KERNELS", "WINDOW_MIN_CHUNKS",
+})
 _CONFIG_EPOCH = 0
 
 

@@ -51,19 +51,19 @@ def _td_lambda_fwd_kernel(
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, LMBDA_TENSOR: tl.constexpr,
     HAS_NEXT_VALUE: tl.constexpr, HAS_VALUE: tl.constexpr, STORE_ADVANTAGE: tl.constexpr, SAME_FLAGS: tl.constexpr,
     DONE_OR_TERMINATED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
-        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_d = load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
+        b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
+        b_d = load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         if SAME_FLAGS:  # one tensor serves as done and terminated: read once
             b_term = b_d
         else:
-            b_term = load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+            b_term = load_tile(term_ptr, o_o, o_i, o_t, s_term_o, s_term_t, s_term_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
             if DONE_OR_TERMINATED:
                 b_d = tl.maximum(b_d, b_term)
         if (not HAS_INITIAL_STATE) and HAS_NEXT_VALUE:
@@ -71,7 +71,7 @@ def _td_lambda_fwd_kernel(
             b_d = tl.where(o_t == T - 1, 1.0, b_d)
         if HAS_NEXT_VALUE:
             # V' of a terminated step is never read (nor can a NaN there leak)
-            b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC), b_term != 0)
+            b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w), b_term != 0)
         else:
             b_nv = tl.zeros_like(b_r)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
@@ -79,12 +79,12 @@ def _td_lambda_fwd_kernel(
         b_a, b_b = _td_lambda_coefficients(b_r, b_nv, 1.0 - b_d, 1.0 - b_term, b_g, b_l)
         b_ret, b_h = scan_tile(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         if HAS_VALUE:
-            b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)
+            b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC, w)
             if STORE_ADVANTAGE:  # G into out, and G as stored minus V: ``out - v`` in the outputs' dtype, exactly
-                store_tile(adv_ptr, b_ret.to(out_ptr.dtype.element_ty).to(ACC) - b_v, o_o, o_i, o_t, T, inner, m)
+                store_tile(adv_ptr, b_ret.to(out_ptr.dtype.element_ty).to(ACC) - b_v, o_o, o_i, o_t, T, inner, m, w)
             else:  # G - V into out, rounded once
                 b_ret -= b_v
-        store_tile(out_ptr, b_ret, o_o, o_i, o_t, T, inner, m)
+        store_tile(out_ptr, b_ret, o_o, o_i, o_t, T, inner, m, w)
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 

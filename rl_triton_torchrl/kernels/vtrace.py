@@ -63,11 +63,12 @@ def _vtrace_step(
     s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
     s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, RHO_THRESH_TENSOR: tl.constexpr, C_THRESH_TENSOR: tl.constexpr,
-    SAME_FLAGS: tl.constexpr,
+    SAME_FLAGS: tl.constexpr, w,
 ):
-    """Loads the steps o_t of a tile; returns (a, b, rho, reward, value, next value, not terminated, gamma)."""
-    b_lpi = load_tile(lpi_ptr, o_o, o_i, o_t, s_lpi_o, s_lpi_t, s_lpi_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-    b_lmu = load_tile(lmu_ptr, o_o, o_i, o_t, s_lmu_o, s_lmu_t, s_lmu_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    """Loads the steps o_t of a tile (``w``: its window, see ``load_tile``); returns (a, b, rho, reward, value, next
+    value, not terminated, gamma)."""
+    b_lpi = load_tile(lpi_ptr, o_o, o_i, o_t, s_lpi_o, s_lpi_t, s_lpi_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
+    b_lmu = load_tile(lmu_ptr, o_o, o_i, o_t, s_lmu_o, s_lmu_t, s_lmu_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
     b_ratio = tl.exp(b_lpi - b_lmu)  # [BLOCK_R, BLOCK_T]
     b_rt = load_coef(rho_thresh_ptr, rho_thresh, o_o, o_i, o_t, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
                      m, ACC, RHO_THRESH_TENSOR)
@@ -76,12 +77,12 @@ def _vtrace_step(
     # [BLOCK_R, BLOCK_T]; a NaN ratio clips to NaN, as torch.minimum does (the GPU's min would return the threshold)
     b_rho = tl.minimum(b_ratio, b_rt, propagate_nan=tl.PropagateNan.ALL)
     b_c = tl.minimum(b_ratio, b_ct, propagate_nan=tl.PropagateNan.ALL)
-    b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-    b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+    b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
+    b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
     b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
-                                   m, ACC, SAME_FLAGS)  # [BLOCK_R, BLOCK_T]
+                                   m, ACC, SAME_FLAGS, w)  # [BLOCK_R, BLOCK_T]
     # V' of a terminated step is never read (nor can a NaN there leak)
-    b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC), b_nterm == 0)
+    b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w), b_nterm == 0)
     b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
     b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
     return b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g
@@ -99,15 +100,15 @@ def _vtrace_fwd_kernel(
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, RHO_THRESH_TENSOR: tl.constexpr, C_THRESH_TENSOR: tl.constexpr,
     SAME_FLAGS: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
     V_IN_TILE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, INT64)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
     # V_IN_TILE: batch-major rows of several chunks, whose next step is the next element (``load_next_step``)
     b_v_after = tl.zeros([BLOCK_R], dtype=ACC)  # [BLOCK_R] v at the first step of the chunk after this one
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m = chunk(i_c, n_chunks, T, m_r, BLOCK_T, True, LOOKBACK, INT64)
+        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
         b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g = _vtrace_step(
             lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
             gamma, rho_thresh, c_thresh, o_o, o_i, o_t, m,
@@ -115,7 +116,7 @@ def _vtrace_fwd_kernel(
             s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
             s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
             s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
-            ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR, SAME_FLAGS,
+            ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR, SAME_FLAGS, w,
         )
         # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t, and the state entering the tile (h of the step after its last column)
         b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
@@ -130,8 +131,8 @@ def _vtrace_fwd_kernel(
         b_v1 = tl.where(o_t + 1 < T, b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         b_vs1 = tl.where(b_nd > 0.0, b_h1 + b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
-        store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m)
-        store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m)
+        store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m, w)
+        store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m, w)
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
