@@ -145,7 +145,8 @@ def test_aligned_windows(T, pattern, monkeypatch):
     taken, rule = [], scan._aligned_window
     monkeypatch.setattr(scan, "_aligned_window", lambda *a: taken.append(rule(*a)) or taken[-1])
     x = with_last_value(make_inputs((3, T, 1), -2, pattern, seed=T), -2)
-    x["last_value"] = torch.cat([torch.zeros(1), x["last_value"].reshape(-1)])[1:].view(x["last_value"].shape)
+    lv = x["last_value"]
+    x["last_value"] = torch.cat([lv.new_zeros(1), lv.reshape(-1)])[1:].view(lv.shape)
     h0 = randn((3, 1), torch.Generator().manual_seed(T), torch.float32)
     check(x, "triton", initial_state=h0, output_final_state=True)
     assert taken == [True]
