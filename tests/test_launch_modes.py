@@ -273,7 +273,7 @@ def test_aligned_windows_need_aligned_tensors(algo, windows, monkeypatch):
 
 def test_aligned_window_rule(monkeypatch):
     """``scan._aligned_window``: kernels of ``WINDOW_KERNELS`` over rows compiled for their length that is no
-    multiple of 4 and longer than ``SHORT_T``, in row tiles, float32 accumulation, 16-byte aligned tensors of at most
+    multiple of 4 and longer than ``SHORT_T``, in row tiles, float32 rollouts, 16-byte aligned tensors of at most
     4-byte elements; one more chunk only in walks of at least ``WINDOW_MIN_CHUNKS``."""
     monkeypatch.setattr(scan, "WINDOW_KERNELS", frozenset({"k"}))
     monkeypatch.setattr(scan, "WINDOW_MIN_CHUNKS", 4)
@@ -287,7 +287,8 @@ def test_aligned_window_rule(monkeypatch):
     assert rule((8, 45, 1)) and rule((8, 13, 1)) and rule((8, 125, 1))  # one 64- / 16- / 128-step tile either way
     assert not rule((8, 44, 1)) and not rule((8, 7, 1))  # a multiple of 4; no more than SHORT_T steps
     assert not rule((8, 45, 1), name="other") and not rule((8, 45, 1), fixed_t=False)
-    assert not rule((8, 45, 1), dtype=torch.float64) and not rule((8, 45, 1), LOOKBACK=32)
+    assert not rule((8, 45, 1), dtype=torch.float64) and not rule((8, 45, 1), dtype=torch.bfloat16)
+    assert not rule((8, 45, 1), LOOKBACK=32)
     assert not rule((8, 63, 1)) and not rule((8, 127, 1)) and not rule((8, 2047, 1))  # one tile, two as windows
     # rows of 128-step chunks: 129 walks 2 either way, 255 2 -> 3 (too short a walk), 511 4 -> 5, 2047 16 -> 17
     assert rule((4096, 129, 1)) and not rule((4096, 255, 1)) and rule((4096, 511, 1)) and rule((4096, 2047, 1))

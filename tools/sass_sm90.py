@@ -5,7 +5,7 @@
     python tools/sass_sm90.py --algorithms retrace,retrace_discrete            # also the discrete-action form
     python tools/sass_sm90.py --algorithms gae --shapes 65536x24 --time-major --tiles 16x32,512x1  # rsl_rl's storage
     python tools/sass_sm90.py --algorithms gae,gae_shifted --shapes 65536x24   # GAE's two input modes
-    python tools/sass_sm90.py --algorithms discounted_return --shapes 65536x2047 --windows  # aligned windows
+    python tools/sass_sm90.py --algorithms discounted_return --shapes 65536x2047 --no-windows  # no aligned windows
 
 Each algorithm is called on CPU tensors of the given ``[B, T, 1]`` shapes; each kernel launch is compiled instead
 of run, with the specialization Triton would give those arguments on a GPU (alignment, divisibility, constants:
@@ -74,11 +74,11 @@ def main(argv=None) -> int:
                                         "(e.g. 512x1,16x32; tiles of rows on 4 warps, no look-back)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the rollouts' dtype")
     parser.add_argument("--dump", help="a folder for each kernel's SASS listing and Triton GPU IR (layouts)")
-    parser.add_argument("--windows", action="store_true",
-                        help="aligned windows for every kernel (scan.WINDOW_KERNELS), where the launch rule takes them")
+    parser.add_argument("--no-windows", action="store_true",
+                        help="no aligned windows (scan.WINDOW_KERNELS empty; by default the launch rule takes them)")
     args = parser.parse_args(argv)
-    if args.windows:
-        scan.WINDOW_KERNELS = scan.KERNELS
+    if args.no_windows:
+        scan.WINDOW_KERNELS = frozenset()
     driver.set_active(_aot._TargetDriver(90))  # enough of a driver for warmup to compile for sm_90
     os.environ["TRITON_INTERPRET"] = "1"  # after the kernels were built: only lets backend="triton" take CPU tensors
     import bench_kernels  # the benchmark's algorithm table and rollouts

@@ -49,6 +49,10 @@ from ._utils import Layout, check_inputs, is_cached, resolve_backend, rows_strid
 
 __all__ = ["linear_scan", "torch_linear_scan", "launch_config"]
 
+# Every kernel built on this module's skeleton, by name (the generic scan's and each algorithm's): what the per-kernel
+# tables below choose from, and what tools and tests set them to when they want all of them.
+KERNELS = frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel",
+                     "_retrace_fwd_kernel", "_retrace_discrete_fwd_kernel", "_prefix_sum_fwd_kernel"})
 # Largest time tile. Longer sequences loop over chunks of this size. Tests lower it to exercise the chunk loop.
 # 128 steps (4 rows per program): one warp per row, so that reverse scans stay in the warp (WARP_LOCAL_T).
 MAX_BLOCK_T = 128
@@ -160,10 +164,16 @@ CONSTANT_MAX_T = 4096
 # row tiles load and store one element per instruction through shared-memory layout conversions (sm_90 SASS of GAE
 # at 65536 x 2047: 528 instructions, 10 barriers, against 360 and 4 at 2048). A window starts at the 16-byte boundary
 # at or before its row and is up to 3 steps longer (``chunk``): taken where that adds no chunk to a row's walk, or
-# at most one to a walk of at least WINDOW_MIN_CHUNKS. The standalone prototype (benchmarks/proto_misaligned.py, a
-# discounted return, H200: 65536 x 2047 1033 -> 674 µs, 16384 x 257 56.4 -> 35.3, 16 x 2049 20.1 -> 10.9) is the
-# only GPU measurement so far: the scan core's windows have not run on a GPU yet, so no kernel takes them by default.
-WINDOW_KERNELS = frozenset()
+# at most one to a walk of at least WINDOW_MIN_CHUNKS. H200 (benchmarks/results/h200/ablate_windows.md, the kernel
+# tests on CUDA passing with windows on), device µs without -> with windows: GAE 65536 x 2047 1525 -> 1003 (2048:
+# 724), V-trace 2509 -> 1074 (948), 16384 x 257 V-trace 169 -> 46 (39), 4096 x 4095 GAE 248 -> 142, 16 x 2049 GAE
+# 25.4 -> 10.3, 65536 x 23 GAE 19.1 -> 16.7; lengths that are multiples of 4 unchanged. The one loss: the TD(lambda)
+# kernel without values (the discounted return) where the window adds a chunk, 8-13% (65536 x 2047 409 -> 464,
+# 4096 x 4095 77 -> 84; at 4096 x 1023 26 -> 19 and 16384 x 257 32 -> 23 faster), while TD(lambda) with values
+# gains in the same cells (4096 x 4095 144 -> 98). The cliff sweep (bench_peers_cliffs_windows_{off,on}.md, the 234
+# judged cells of T <= 51 both runs reached): GAE 10 -> 2 cells over 1.25x their powers of two, the discounted
+# return 15 -> 9.
+WINDOW_KERNELS = KERNELS
 WINDOW_MIN_CHUNKS = 4
 # Reverse scans of tiles exactly WARP_LOCAL_T steps wide (32 lanes x 4 steps: one warp per row) reverse the tile
 # themselves and scan forward (see scan_tile_enter). For narrower tiles Triton's gather first moves the tile into a
@@ -178,10 +188,6 @@ INT32_MAX_OFFSET = 2**31 - 1
 # V-trace and GAE level both ways). Retrace, the traces and the prefix sums measured level within noise and stay
 # int64 (sm_90 SASS of every kernel both ways: ``benchmarks/results/sm90_sass/int32_offsets.md``).
 INT32_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel", "_td_lambda_fwd_kernel"})
-# Every kernel built on this module's skeleton, by name (the generic scan's and each algorithm's): what the per-kernel
-# tables above choose from, and what tools and tests set them to when they want all of them.
-KERNELS = frozenset({"_linear_scan_fwd_kernel", "_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel",
-                     "_retrace_fwd_kernel", "_retrace_discrete_fwd_kernel", "_prefix_sum_fwd_kernel"})
 # Debugging aid (the tests turn it on): fill every output with NaN before a kernel writes it, so that an element
 # the kernel forgets to write cannot pass as a plausible number.
 POISON_OUTPUTS = False
@@ -831,13 +837,14 @@ def _constant_length(layout: Layout, strides: list) -> bool:
 def _aligned_window(layout: Layout, cfg: dict, kernel_name: str, fixed_t: bool, tensors) -> bool:
     """Whether a launch's row tiles are aligned windows (``WINDOW``, see ``chunk``): a kernel of ``WINDOW_KERNELS``
     in row tiles (not look-back chunks) over rows compiled for their length (``_constant_length``: every input
-    contiguous or broadcast along time) whose length T > ``SHORT_T`` is no multiple of 4, with float32
-    accumulation; where the window's up to 3 more steps add no chunk to a row's walk, or one to a walk of at least
-    ``WINDOW_MIN_CHUNKS``; and every tensor ``tensors`` (those the windows address: the inputs that step along time,
-    the outputs) 16-byte aligned with elements of at most 4 bytes, so that the 4-element groups a window loads past
-    a row's ends never leave the 16 bytes that hold the row's end."""
+    contiguous or broadcast along time) whose length T > ``SHORT_T`` is no multiple of 4, of float32 rollouts (the
+    only dtype measured with windows on a GPU: bfloat16 and float16 keep their loads); where the window's up to 3
+    more steps add no chunk to a row's walk, or one to a walk of at least ``WINDOW_MIN_CHUNKS``; and every tensor
+    ``tensors`` (those the windows address: the inputs that step along time, the outputs) 16-byte aligned with
+    elements of at most 4 bytes, so that the 4-element groups a window loads past a row's ends never leave the 16
+    bytes that hold the row's end."""
     if not (fixed_t and layout.T % 4 and layout.T > SHORT_T and kernel_name in WINDOW_KERNELS
-            and not cfg["LOOKBACK"] and layout.acc_dtype == torch.float32):
+            and not cfg["LOOKBACK"] and layout.dtype == torch.float32):
         return False
     walk, window_walk = _cdiv(layout.T, cfg["BLOCK_T"]), _cdiv(layout.T + 3, cfg["BLOCK_T"])
     if window_walk > walk and walk < WINDOW_MIN_CHUNKS:
