@@ -4,7 +4,7 @@
     python benchmarks/ablate_kernels.py --variants base,noscan --shapes 65536x512 --algorithms gae
     ncu --clock-control none -k regex:_fwd_kernel python benchmarks/ablate_kernels.py --worker base --once
     python benchmarks/ablate_kernels.py --variants pipe1,pipe2,pipe3 --dtype bfloat16   # pipelined chunk loops
-    python benchmarks/ablate_kernels.py --variants base,aligned --shapes 65536x2047,65536x2048,16384x257,16384x256
+    python benchmarks/ablate_kernels.py --variants unaligned,base --shapes 65536x2047,65536x2048,16384x257,16384x256
 
 Each variant runs in a process of its own, with one helper of the scan core (``kernels/scan.py``) replaced before
 any kernel compiles; every algorithm kernel picks the replacement up, since they share those helpers:
@@ -24,9 +24,9 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``win64``, ``win128``: look-back windows of 64 or 128 predecessors (``scan.LOOKBACK_WINDOW``, 32 on main).
 - ``rowmajor``: look-back tickets handing out a row's chunks one after another (``scan.ticket_chunk`` gives them to
   the rows in turn, so that fewer chunks of one row are in flight at once and a look-back walks fewer windows).
-- ``aligned``: aligned windows for every kernel (``scan.WINDOW_KERNELS``, none on main): rows whose length is no
-  multiple of 4 loaded in whole 16-byte groups from the boundary at or before each row (``scan.chunk``), where the
-  launch rule takes them (``scan._aligned_window``); compare ``--shapes 65536x2047,65536x2048,16384x257,...``.
+- ``unaligned``: no aligned windows (``scan.WINDOW_KERNELS`` empty; main names every kernel): rows whose length is no
+  multiple of 4 loaded one element per instruction instead of in whole 16-byte groups from the boundary at or before
+  each row (``scan.chunk``, ``scan._aligned_window``); compare ``--shapes 65536x2047,65536x2048,16384x257,...``.
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,7 +116,7 @@ PATCHES = {
     "pipe1": {"PIPELINE_KERNELS": frozenset()},
     "pipe2": {"PIPELINE_KERNELS": _scan.KERNELS, "PIPELINE_STAGES": 2},
     "pipe3": {"PIPELINE_KERNELS": _scan.KERNELS, "PIPELINE_STAGES": 3},
-    "aligned": {"WINDOW_KERNELS": _scan.KERNELS},
+    "unaligned": {"WINDOW_KERNELS": frozenset()},
 }
 
 
@@ -179,7 +180,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--shapes", default=SHAPES, help="comma-separated BxT")
     parser.add_argument("--algorithms", "--algos", default=ALGORITHMS)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "h200"))
+    parser.add_argument("--out", default="h200", help="a folder, or a name of one under benchmarks/results/")
     parser.add_argument("--name", default="ablate_kernels")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--once", action="store_true", help="with --worker VARIANT: one call per cell, untimed "
@@ -198,7 +199,9 @@ def main() -> None:
         rows += got
         print(f"{variant}: {len(got)} rows" + ("" if proc.returncode == 0 else f", exit {proc.returncode}: "
                                                 + proc.stderr[-2000:]), flush=True)
-    write(rows, Path(args.out), args.name)
+    out = Path(args.out)
+    write(rows, out if os.sep in args.out or args.out.startswith(".") else Path(__file__).parent / "results" / out,
+          args.name)
 
 
 def write(rows, out: Path, name: str) -> None:
