@@ -5,10 +5,10 @@ four things: the signature of its arguments and its dictionary look-up, the laun
 the launch (one ``struct.pack_into`` and the driver's ``cuLaunchKernel`` through ctypes). This script times each of
 them alone, and what torch and the driver cost for the same work in other ways (one output, one allocation for both,
 a launch with its ctypes arguments built once), so that the floor of a Python call path on this host reads off the
-table; and the same call made whole by the C extension (``kernels._fastcall``), its signature alone among them. Then
-every algorithm's bare call back to back three ways, alternating in one process (the best of six rounds of each):
-replayed in C, replayed in Python (``_replay._FAST`` None), and not replayed (``_replay.REPLAY`` off): the same host,
-the same moment, the only difference the path.
+table; and the same call made whole by the C++ extension (``kernels._fastcall``), the look-up of its remembered
+facts alone among them. Then every algorithm's bare call back to back three ways, alternating in one process (the
+best of six rounds of each): replayed in C++, replayed in Python (``_replay._FAST`` None), and not replayed
+(``_replay.REPLAY`` off): the same host, the same moment, the only difference the path.
 
     python benchmarks/host_floor.py            # on a GPU host: results/h200/host_floor.{json,md}
 
@@ -39,7 +39,7 @@ def _best_us(fn, calls: int, repeats: int = 7) -> float:
 
 
 def _python_replay(fn):
-    """``fn`` with calls replayed in Python (the C extension set aside)."""
+    """``fn`` with calls replayed in Python (the C++ extension set aside)."""
     from rl_triton_torchrl.kernels import _replay
 
     def call():
@@ -81,8 +81,8 @@ def pieces(calls: int) -> list[dict]:
     like = scan._output_like(layout)
     two = (2, *layout.shape)
     c_cases = [] if fast is None or entry.fast is None else [
-        ("call", "gae, replayed in C (the whole call)", lambda: gae(*args, **kw)),
-        ("signature", "C: signature of the call, no entry", lambda: fast.call({}, gae, args, kw)),
+        ("call", "gae, replayed in C++ (the whole call)", lambda: gae(*args, **kw)),
+        ("signature", "C++: the call's facts read and found", lambda: fast.lookup(gae, args, kw)),
     ]
     cases = c_cases + [
         ("call", "gae, replayed in Python (the whole call)", lambda: python_call()),
@@ -113,7 +113,7 @@ def pieces(calls: int) -> list[dict]:
 
 
 def replay_on_off(calls: int, rounds: int = 6) -> list[dict]:
-    """Every algorithm's bare call replayed in C, in Python and not at all, alternating rounds in this process."""
+    """Every algorithm's bare call replayed in C++, in Python and not at all, alternating rounds in this process."""
     from rl_triton_torchrl.kernels import _replay
 
     x = make_rollout((4096, 128, 1), seed=0)
@@ -142,21 +142,21 @@ def main() -> None:
     parser.add_argument("--name", default="host_floor")
     args = parser.parse_args()
     from rl_triton_torchrl.kernels import _fastcall
-    print("C extension:", _fastcall.load() is not None, _fastcall.status(), flush=True)
+    print("C++ extension:", _fastcall.load() is not None, _fastcall.status(), flush=True)
     rows = pieces(args.calls)
     for row in rows:
         print(f"{row['what']:56s} {row['us']:7.2f} us", flush=True)
     algos = replay_on_off(max(1, args.calls // 7))
     for row in algos:
-        print(f"{row['what']:18s} C {row['c_us']:6.2f} us, Python replay {row['replay_us']:6.2f} us, "
+        print(f"{row['what']:18s} C++ {row['c_us']:6.2f} us, Python replay {row['replay_us']:6.2f} us, "
               f"plain {row['plain_us']:6.2f} us", flush=True)
     columns = [("part", "part"), ("group", "group"), ("what", "what"), ("us", "µs per call"),
-               ("c_us", "replayed in C µs"), ("replay_us", "replayed in Python µs"), ("plain_us", "plain µs"),
-               ("ratio", "C / plain")]
+               ("c_us", "replayed in C++ µs"), ("replay_us", "replayed in Python µs"), ("plain_us", "plain µs"),
+               ("ratio", "C++ / plain")]
     write_results(args.name, environment(), rows + algos, args.out, columns,
                   "Host time of a replayed call, piece by piece (4096 x 128 float32)",
                   notes="Command: `python benchmarks/host_floor.py`. Each row: host wall time per call, the best "
-                        "of 7 loops (pieces) or of 6 alternating rounds (algorithms: replayed in C, in Python, not "
+                        "of 7 loops (pieces) or of 6 alternating rounds (algorithms: replayed in C++, in Python, not "
                         f"replayed). Replay path: {_fastcall.status()}.")
 
 

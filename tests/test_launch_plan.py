@@ -201,7 +201,7 @@ def native_stand_ins(stand_ins, monkeypatch):
     return stand_ins
 
 
-# cuLaunchKernel's C type, for a stand-in the C extension (``_fastcall``) can call
+# cuLaunchKernel's C type, for a stand-in the C++ extension (``_fastcall``) can call
 _CU_LAUNCH_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
                                      ctypes.c_void_p, ctypes.c_void_p)
 
@@ -230,7 +230,7 @@ def _c_hits() -> int:
 
 @pytest.fixture
 def c_stand_ins(native_stand_ins, monkeypatch):
-    """``native_stand_ins`` whose replayed calls the C extension makes (``_fastcall``), launching through a C
+    """``native_stand_ins`` whose replayed calls the C++ extension makes (``_fastcall``), launching through a C
     function that runs ``_fake_cu_launch_kernel``."""
     if not _fastcall.ENABLED:
         pytest.skip(_fastcall.status())
@@ -240,14 +240,16 @@ def c_stand_ins(native_stand_ins, monkeypatch):
     monkeypatch.setattr(_launcher, "_LIBCUDA", (launch.c_function, None))
     monkeypatch.setattr(_replay, "_FAST", module)
     native_stand_ins.__dict__["c_launch"] = launch
+    module.forget()  # (no call remembered by another test, whose launch function is gone)
     yield native_stand_ins
+    module.forget()
     if launch.errors:
         raise launch.errors[0]
 
 
 class Counts:
     """The launches of every stand-in kernel, summed; ``calls_replayed``: the calls served by call replay since
-    ``_count_call_replays``, in Python or by the C extension."""
+    ``_count_call_replays``, in Python or by the C++ extension."""
 
     def __init__(self, stand_ins: list[StandIn]):
         self.stand_ins = stand_ins
@@ -275,6 +277,8 @@ def plans(monkeypatch):
     monkeypatch.setattr(_replay, "_ENTRIES", {})  # and no call replayed from another test's kernels
     for name in ("_FAST", "_READY"):  # and calls replayed in Python unless the test says otherwise
         monkeypatch.setattr(_replay, name, None)
+    if _fastcall.loaded() is not None:
+        _fastcall.loaded().forget()  # (nor made in C++ from another test's entries)
     return fresh
 
 
@@ -528,7 +532,7 @@ def test_failed_native_replay_launches_plainly(code, native_stand_ins, monkeypat
 @needs_interpreter
 @pytest.mark.parametrize("algo,case", NATIVE_CASES)
 def test_c_replay_equals_plain(algo, case, c_stand_ins, monkeypatch):
-    """Calls made whole by the C extension: its signature finds the entry, its launch passes what Triton's does
+    """Calls made whole by the C++ extension: its signature finds the entry, its launch passes what Triton's does
     (the per-call buffers included: a final state, look-back status words, float64 numbers), bit for bit the plain
     path's outputs."""
     rollout, extra, patches = CASES[case]
@@ -538,12 +542,12 @@ def test_c_replay_equals_plain(algo, case, c_stand_ins, monkeypatch):
     before = c_stand_ins.c_replays
     _replays_equal_plain(monkeypatch, c_stand_ins, algo, x, extra(x), call_replays=0 if algo in VALUE_CHECKED else 2)
     in_c = 0 if algo in VALUE_CHECKED else 2
-    assert c_stand_ins.c_replays - before == in_c, f"{algo}: {c_stand_ins.c_replays - before} calls made in C"
+    assert c_stand_ins.c_replays - before == in_c, f"{algo}: {c_stand_ins.c_replays - before} calls made in C++"
 
 
 @needs_interpreter
 def test_c_replay_reads_each_calls_data(c_stand_ins, monkeypatch):
-    """Each call made in C launches on its own tensors and numbers, into new outputs."""
+    """Each call made in C++ launches on its own tensors and numbers, into new outputs."""
     call, _, _ = TABLE["gae"]
     for seed, gamma, lmbda in ((0, 0.97, 0.9), (1, 0.5, 0.2), (2, 1e-40, 1.0), (3, -0.0, 0.0)):
         x = make_rollout((3, 20, 2), seed=seed)
@@ -564,7 +568,7 @@ def test_c_replay_reads_each_calls_data(c_stand_ins, monkeypatch):
 @needs_interpreter
 @pytest.mark.parametrize("poison", [True, False])
 def test_c_replay_poisons_outputs(poison, c_stand_ins, monkeypatch):
-    """Calls made in C fill their outputs with NaN before the launch where ``scan.POISON_OUTPUTS`` says so (the
+    """Calls made in C++ fill their outputs with NaN before the launch where ``scan.POISON_OUTPUTS`` says so (the
     tests' setting), as ``new_outputs`` does: a launch that writes nothing leaves them NaN."""
     call, _, coefs = TABLE["gae"]
     x = make_rollout((3, 20, 2))
@@ -580,7 +584,7 @@ def test_c_replay_poisons_outputs(poison, c_stand_ins, monkeypatch):
 @needs_interpreter
 @pytest.mark.parametrize("change", ["refused", "settings", "recording"])
 def test_c_replay_declines_to_python(change, c_stand_ins, monkeypatch):
-    """Where the C extension cannot make a call (the driver refuses the launch, other launcher settings, a call
+    """Where the C++ extension cannot make a call (the driver refuses the launch, other launcher settings, a call
     being recorded) it launches nothing and the Python path makes the call."""
     call, _, coefs = TABLE["gae"]
     x = make_rollout((3, 20, 2))
@@ -604,7 +608,7 @@ def test_c_replay_declines_to_python(change, c_stand_ins, monkeypatch):
         else:
             out = call(x, backend="triton", **coefs)
     assert_identical(change, out, expected)
-    assert c_stand_ins.c_replays == before, "made in C"
+    assert c_stand_ins.c_replays == before, "made in C++"
     assert c_stand_ins.python_replays == python_before
     assert c_stand_ins.plain + c_stand_ins.lean - plain == (change in ("refused", "settings")), \
         "not launched through Triton's launcher"
@@ -612,7 +616,7 @@ def test_c_replay_declines_to_python(change, c_stand_ins, monkeypatch):
 
 @needs_interpreter
 def test_c_extension_adopts_earlier_entries(c_stand_ins, monkeypatch):
-    """Entries recorded before the extension was loaded (its thread still building) are made in C once a caller's
+    """Entries recorded before the extension was loaded (its thread still building) are made in C++ once a caller's
     thread adopts it, at its next call."""
     module = _replay._FAST
     for name in ("_FAST", "_READY"):
@@ -627,7 +631,7 @@ def test_c_extension_adopts_earlier_entries(c_stand_ins, monkeypatch):
     _replay.adopt(module)  # (what the thread does once loaded)
     assert_identical("adopting", call(x, backend="triton", **coefs), expected)  # adopts, replays in Python
     before = c_stand_ins.c_replays
-    assert_identical("made in C", call(x, backend="triton", **coefs), expected)
+    assert_identical("made in C++", call(x, backend="triton", **coefs), expected)
     assert c_stand_ins.c_replays == before + 1 and _replay._FAST is module and _replay._READY is None
 
 
@@ -647,40 +651,118 @@ def test_c_extension_starts_loading_at_the_first_python_replay(native_stand_ins,
     assert started == [1]
 
 
-@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
-def test_c_signature_is_pythons():
-    """The C extension's signature of a call is ``_replay.signature``'s: the same key and pointers, and None for the
-    same calls."""
+def _fast_entry_stand_in(module) -> _replay.Entry:
+    """An ``Entry`` with a ``FastEntry`` that launches nothing (no outputs, no pointers): what ``remember`` keeps."""
+    fast = module.FastEntry(1, 0, (1, 1, 1), 32, 0, b"", (), (), 0, (), torch.empty(0), lambda: None, None,
+                            lambda device: 0, 0, (), (), 0, -1, ())
+    return _replay.Entry(None, None, None, 0, (), (), (), (), fast)
+
+
+@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C++ extension is built on Linux only")
+def test_c_facts_are_the_signature(monkeypatch):
+    """The C++ extension finds the call it remembered for exactly the calls whose signature (``_replay.signature``)
+    is the remembered call's: every fact the signature keys tells two calls apart (each tensor's shape, strides,
+    dtype, device, ``requires_grad`` and pointer alignment; each other argument's type, value and a zero's sign; the
+    keyword names and their order; the grad mode, the backend variable, the launch constants' epoch and the
+    deterministic flag), and a call the signature never keys is never remembered."""
     module = _fastcall.load()
     assert module is not None, _fastcall.status()
     _replay._bind()
+    module.forget()
+    entry = _fast_entry_stand_in(module)
 
     def fn():
         pass
 
     x = torch.randn(3, 4)
     w = torch.randn(3, 4, requires_grad=True)
-    cases = [((), {}), ((x,), {}), ((x, x.t(), x[:, 1:], x > 0, x.to(torch.int64), w), {}),
-             ((x,), {"gamma": 0.5, "lmbda": 0.0, "c": -0.0, "n": 3, "b": True, "s": "auto", "none": None}),
-             ((x,), {"lmbda": 0.0, "gamma": 0.5}), ((x, 1, 1.0, True, float("nan")), {}),
+    nan = float("nan")
+    calls = [((), {}), ((x,), {}), ((x.clone(),), {}), ((x.t(),), {}), ((x[:, 1:],), {}), ((x[1:],), {}),
+             ((x.double(),), {}), ((x > 0,), {}), ((w,), {}), ((x, x.t(), x > 0, x.to(torch.int64), w), {}),
+             ((x,), {"gamma": 0.5, "lmbda": 0.0, "n": 3, "b": True, "s": "auto", "none": None}),
+             ((x,), {"gamma": 0.5, "lmbda": -0.0, "n": 3, "b": True, "s": "auto", "none": None}),
+             ((x,), {"lmbda": 0.0, "gamma": 0.5, "n": 3, "b": True, "s": "auto", "none": None}),
+             ((x,), {"gamma": 0.5, "lmbda": 0.0, "n": 3, "b": True, "s": "torch", "none": None}),
+             ((x, 1), {}), ((x, 1.0), {}), ((x, True), {}), ((x, 2), {}), ((x, nan), {}), ((x, float("nan")), {}),
              ((x, torch.nn.Parameter(x)), {}), ((x, [1]), {}), ((x,), {"gamma": np.float64(0.5)}),
              ((x, torch.empty(3, device="meta")), {})]
-    for args, kwargs in cases:
-        expected = _replay.signature(fn, args, kwargs)
-        assert module.call({}, fn, args, kwargs) == (False, *(expected or (None, None))), (args, kwargs)
+    for i, (args, kwargs) in enumerate(calls):
+        remembered = _replay.signature(fn, args, kwargs)
+        module.forget()
+        assert module.remember(fn, args, kwargs, entry) == (remembered is not None), i
+        for j, (other_args, other_kwargs) in enumerate(calls):
+            other = _replay.signature(fn, other_args, other_kwargs)
+            same = remembered is not None and other is not None and other[0] == remembered[0]
+            assert (module.lookup(fn, other_args, other_kwargs) is entry) == same, (i, j)
+    # the global state: each fact apart from the arguments
+    module.forget()
+    assert module.remember(fn, (x,), {"gamma": 0.5}, entry)
+    found = lambda: module.lookup(fn, (x,), {"gamma": 0.5}) is entry  # noqa: E731
+    assert found()
     with torch.no_grad():
-        assert module.call({}, fn, (x,), {}) == (False, *_replay.signature(fn, (x,), {}))
-    assert module.call({}, fn, (x,), {})[1] != module.call({}, fn, (x.double(),), {})[1]
+        assert not found()
+    assert module.lookup(fn, (x,), {"gamma": 0.5}) is entry
+    with monkeypatch.context() as m:
+        m.setenv(_utils.BACKEND_ENV, "torch")
+        assert not found()
+    with monkeypatch.context() as m:
+        m.setattr(scan, "MAX_BLOCK_T", scan.MAX_BLOCK_T)  # (any launch constant assigned moves the epoch on)
+        assert not found()
+    assert not found()  # (the epoch moved on again when it was put back: the plans keyed by it are gone too)
+    assert module.remember(fn, (x,), {"gamma": 0.5}, entry) and found()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert not found()
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    assert found()
+    with monkeypatch.context() as m:  # an os.environ it does not know: nothing is found, nothing wrong made
+        m.setattr(os, "environ", dict(os.environ))
+        assert not found()
+    assert found()
+    module.forget()
+    assert not found()
 
 
-@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
+def test_c_remembers_the_last_signatures_of_each_function():
+    """Up to a ring of signatures per function are remembered (the oldest forgotten first), and the same signature
+    remembered again takes its old place with the newer entry."""
+    if not _fastcall.ENABLED:
+        pytest.skip(_fastcall.status())
+    module = _fastcall.load()
+    assert module is not None, _fastcall.status()
+    module.forget()
+    entries = [_fast_entry_stand_in(module) for _ in range(10)]
+
+    def fn():
+        pass
+
+    def other():
+        pass
+
+    for i in range(8):
+        assert module.remember(fn, (torch.empty(i + 1),), {}, entries[i])
+    assert module.remember(other, (torch.empty(1),), {}, entries[9])
+    assert [module.lookup(fn, (torch.empty(i + 1),), {}) for i in range(8)] == entries[:8]
+    assert module.lookup(other, (torch.empty(1),), {}) is entries[9]
+    assert module.remember(fn, (torch.empty(3),), {}, entries[8])  # the same facts: the same place
+    assert module.lookup(fn, (torch.empty(3),), {}) is entries[8]
+    assert module.lookup(fn, (torch.empty(1),), {}) is entries[0]
+    assert module.remember(fn, (torch.empty(100),), {}, entries[9])  # a ninth: the oldest place
+    assert module.lookup(fn, (torch.empty(1),), {}) is None
+    assert module.lookup(fn, (torch.empty(100),), {}) is entries[9]
+    module.forget()
+
+
+@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C++ extension is built on Linux only")
 @pytest.mark.parametrize("setting", ["built", "no-compiler", "off"])
 def test_fastcall_build(setting, tmp_path):
     """A fresh process builds the extension once into its cache directory and loads it from there after; without
     a compiler, or switched off, calls replay in Python and ``status`` says why."""
     env = {**os.environ, "RL_TRITON_TORCHRL_CACHE_DIR": str(tmp_path)}
     if setting == "no-compiler":
-        env["CC"] = str(tmp_path / "no-such-cc")
+        env["CXX"] = str(tmp_path / "no-such-cxx")
     elif setting == "off":
         env["RL_TRITON_TORCHRL_FASTCALL"] = "0"
     code = "from rl_triton_torchrl.kernels import _fastcall; print(_fastcall.load() is not None); " \
@@ -694,12 +776,12 @@ def test_fastcall_build(setting, tmp_path):
     loaded, status = run()
     built = list(tmp_path.glob("_fastcall_ext_*"))
     if setting == "built":
-        assert (loaded, len(built)) == ("True", 1) and status.startswith("C ("), status
+        assert (loaded, len(built)) == ("True", 1) and status.startswith("C++ ("), status
         stamp = built[0].stat().st_mtime_ns
         assert run()[0] == "True" and built[0].stat().st_mtime_ns == stamp, "built again"
     else:
         assert (loaded, built) == ("False", [])
-        assert ("no C compiler" if setting == "no-compiler" else "RL_TRITON_TORCHRL_FASTCALL=0") in status, status
+        assert ("no C++ compiler" if setting == "no-compiler" else "RL_TRITON_TORCHRL_FASTCALL=0") in status, status
 
 
 def _gae_key(x: dict, **kw) -> tuple:
@@ -1182,29 +1264,29 @@ def test_gpu_call_replay_equals_plain(algo, case, monkeypatch, plans):
 
 
 def _with_c_extension(monkeypatch) -> None:
-    """Calls replayed by the C extension from now on (built here if need be)."""
+    """Calls replayed by the C++ extension from now on (built here if need be)."""
     module = _fastcall.load()
     assert module is not None, _fastcall.status()
     monkeypatch.setattr(_replay, "_FAST", module)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
+@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C++ extension is built on Linux only")
 @pytest.mark.parametrize("case", ["contig", "time-major", "states", "float64"])
 @pytest.mark.parametrize("algo", list(TABLE))
 def test_gpu_c_call_replay_equals_plain(algo, case, monkeypatch, plans):
-    """With the C extension every call after the first is made in C, bit for bit the plain path's."""
+    """With the C++ extension every call after the first is made in C++, bit for bit the plain path's."""
     _with_c_extension(monkeypatch)
     counts = _count_call_replays(monkeypatch)
     _gpu_calls_equal_plain(algo, case, monkeypatch)
     assert counts.calls_replayed == 2, f"{algo}: {counts.calls_replayed} of 3 calls replayed whole"
-    assert counts.c_replays == 2, f"{algo}: {counts.c_replays} of 3 calls made in C"
+    assert counts.c_replays == 2, f"{algo}: {counts.c_replays} of 3 calls made in C++"
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C extension is built on Linux only")
+@pytest.mark.skipif(not _fastcall.ENABLED, reason="the C++ extension is built on Linux only")
 def test_gpu_c_replay_in_cuda_graph(monkeypatch, plans):
-    """A call made in C while a CUDA graph is captured launches on the capture's stream into the capture's memory,
+    """A call made in C++ while a CUDA graph is captured launches on the capture's stream into the capture's memory,
     and the graph reads the inputs at replay."""
     _with_c_extension(monkeypatch)
     counts = _count_call_replays(monkeypatch)
@@ -1213,13 +1295,13 @@ def test_gpu_c_replay_in_cuda_graph(monkeypatch, plans):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(2):  # compiled and planned, then made in C
+        for _ in range(2):  # compiled and planned, then made in C++
             TABLE["gae"][0](x, backend="triton", **kw)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = TABLE["gae"][0](x, backend="triton", **kw)
-    assert counts.c_replays == 2, f"{counts.c_replays} calls made in C, the captured one among them"
+    assert counts.c_replays == 2, f"{counts.c_replays} calls made in C++, the captured one among them"
     fresh = make_rollout((64, 50, 1), seed=9)
     for k, v in x.items():
         v.copy_(fresh[k])

@@ -1,20 +1,20 @@
-"""Call replay in C: ``_fastcall.c``, compiled on first use the way Triton compiles its own launchers.
+"""Call replay in C++: ``_fastcall.cpp``, compiled on first use against torch's headers and libraries.
 
 A replayed call (``_replay``) spends most of its host time in Python: the signature's attribute reads and tuples,
-the launcher's settings, two output allocations, and ``cuLaunchKernel`` through ctypes. ``_fastcall.c`` does the
-same in one C function, ``call``: it computes the signature (the same key, the same dictionary of entries), and for
-an entry whose launch it can make (``fast_entry``: a native launch) it compares the launcher's settings, allocates
-the outputs and the launch's per-call buffers (``_LaunchPlan.buffers``), writes their pointers and the call's into
-the entry's own parameter buffer and calls the driver. Anything else it hands back to ``_replay``'s Python path
-with the signature computed. H200 host, a GAE call at 4096 x 128 (``benchmarks/results/h200/host_floor.md``): 23.7 µs
-replayed in Python, 15.5 µs in C.
+the launcher's settings, two output allocations, and ``cuLaunchKernel`` through ctypes. ``_fastcall.cpp`` does the
+same in one C++ function, ``call``, for the calls whose facts it remembers (``remember``: what the signature keys,
+read through ATen, for the last few signatures of each function that the Python path found an entry with a
+``FastEntry`` for): where a call's facts match, it compares the launcher's settings, allocates the outputs
+(``at::empty_like``) and the launch's per-call buffers (``_LaunchPlan.buffers``), writes their pointers and the
+call's into the entry's own parameter buffer and calls the driver. Anything else it hands back to ``_replay``'s
+Python path. H200 host, a GAE call at 4096 x 128: see ``benchmarks/results/h200/host_floor.md``.
 
-The module is compiled with the C compiler Triton uses (``$CC``, else ``cc``, ``gcc`` or ``clang``) against this
-Python's headers into ``$RL_TRITON_TORCHRL_CACHE_DIR`` (default ``~/.cache/rl_triton_torchrl``), once per source
-and Python version, and loaded, in a daemon thread started by the first call replayed in Python that launched
-natively (a GPU; the first call of a signature records it). Calls replay in Python until it is loaded, and always
-where it cannot be built (no compiler, no headers, not Linux) or with ``RL_TRITON_TORCHRL_FASTCALL=0``;
-``status()`` says which.
+The module is compiled with the C++ compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``) against this Python's
+and torch's headers, linked against torch's libraries, into ``$RL_TRITON_TORCHRL_CACHE_DIR`` (default
+``~/.cache/rl_triton_torchrl``), once per source, Python and torch build (about 20 s), and loaded, in a daemon thread
+started by the first call replayed in Python that launched natively (a GPU; the first call of a signature records
+it). Calls replay in Python until it is loaded, and always where it cannot be built (no C++ compiler, no torch
+headers, not Linux) or with ``RL_TRITON_TORCHRL_FASTCALL=0``; ``status()`` says which.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from pathlib import Path
 __all__ = ["ENABLED", "fast_entry", "load", "loaded", "start", "status"]
 
 ENABLED = os.environ.get("RL_TRITON_TORCHRL_FASTCALL", "1") != "0" and sys.platform.startswith("linux")
-SOURCE = Path(__file__).with_name("_fastcall.c")
+SOURCE = Path(__file__).with_name("_fastcall.cpp")
 _NAME = "_fastcall_ext"
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -46,18 +46,27 @@ def _cache_dir() -> Path:
 def _compiler() -> str | None:
     import shutil
 
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc)
-    return next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return shutil.which(cxx)
+    return next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
+
+
+def _torch_build() -> tuple[str, Path, int]:
+    """(torch's version and commit, its folder, its C++ ABI flag): what the extension is built against."""
+    import torch
+
+    return f"{torch.__version__} {torch.version.git_version}", Path(torch.__file__).parent, \
+        int(torch._C._GLIBCXX_USE_CXX11_ABI)
 
 
 def _target() -> Path:
-    """Where the extension of this source and this Python lies, once built."""
+    """Where the extension of this source, this Python and this torch build lies, once built."""
     import hashlib
     import sysconfig
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + sys.version.encode() + sys.platform.encode()).hexdigest()[:16]
+    stamp = f"{sys.version} {sys.platform} {_torch_build()}".encode()
+    digest = hashlib.sha256(SOURCE.read_bytes() + stamp).hexdigest()[:16]
     return _cache_dir() / f"{_NAME}_{digest}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
 
 
@@ -66,15 +75,21 @@ def _build(target: Path) -> None:
     import sysconfig
     import tempfile
 
-    cc = _compiler()
+    cxx = _compiler()
     include = sysconfig.get_paths()["include"]
-    if cc is None or not Path(include, "Python.h").exists():
-        raise RuntimeError("no C compiler" if cc is None else f"no Python.h in {include}")
+    _, root, abi = _torch_build()
+    headers, lib = root / "include", root / "lib"
+    if cxx is None or not Path(include, "Python.h").exists() or not (headers / "ATen" / "ATen.h").exists():
+        raise RuntimeError("no C++ compiler" if cxx is None else f"no Python.h in {include}"
+                           if not Path(include, "Python.h").exists() else f"no torch headers in {headers}")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-I", include, str(SOURCE), "-o", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        cmd = [cxx, "-O2", "-std=c++17", "-w", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+               "-I", include, "-I", str(headers), "-I", str(headers / "torch" / "csrc" / "api" / "include"),
+               str(SOURCE), "-o", str(out), f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
+               f"-Wl,-rpath,{lib}"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
         os.replace(out, target)  # whole or not at all, for a process building it beside this one
@@ -98,9 +113,13 @@ def _load_or_build() -> None:
         if not target.exists():
             _build(target)
         module = _load_from(target)
-        from . import _replay, scan
+        from . import _replay, _utils, scan
         _replay._bind()  # (what its _state reads)
-        module.configure(_replay._TENSOR, _replay._state, _replay._local, scan, _replay.Entry._fields.index("fast"))
+        environ = os.environ
+        data, key = getattr(environ, "_data", None), None
+        if isinstance(data, dict):
+            key = environ.encodekey(_utils.BACKEND_ENV)
+        module.configure(_replay._local, scan, _replay.Entry._fields.index("fast"), os, environ, data, key)
         _module = module
         _replay.adopt(module)
     except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, and says why
@@ -135,12 +154,12 @@ def loaded():
 def status() -> str:
     """Which path replays calls, and why."""
     if _module is not None:
-        return f"C ({_target()})"
+        return f"C++ ({_target()})"
     if not ENABLED:
         return "Python (RL_TRITON_TORCHRL_FASTCALL=0, or not Linux)"
     if _error is not None:
-        return f"Python (the C module could not be built or loaded: {_error})"
-    return "Python (the C module is being built or loaded)" if _thread is not None else "Python (no native launch yet)"
+        return f"Python (the C++ module could not be built or loaded: {_error})"
+    return "Python (the C++ module is being built or loaded)" if _thread is not None else "Python (no native launch yet)"
 
 
 def _join(timeout: float | None = None) -> None:
@@ -156,14 +175,12 @@ if hasattr(os, "register_at_fork"):
 
 def fast_entry(entry, launch_address: int, stream_fn, like):
     """The ``FastEntry`` of an ``_replay.Entry`` whose plan launches natively, on ``cuLaunchKernel`` at
-    ``launch_address``, the stream of ``stream_fn(device)``, outputs ``torch.empty_like(like)`` and the buffers of
+    ``launch_address``, the stream of ``stream_fn(device)``, outputs ``at::empty_like(like)`` and the buffers of
     ``_LaunchPlan.buffers``; None where the extension is not loaded."""
     module = _module
     if module is None:
         return None
     import ctypes
-
-    import torch
 
     plan, layout = entry.plan, entry.layout
     prepared = plan.native
@@ -175,6 +192,6 @@ def fast_entry(entry, launch_address: int, stream_fn, like):
     base = ctypes.addressof(prepared.buffer)
     offsets = tuple(p - base for p in prepared.params)
     return module.FastEntry(launch_address, prepared.function, prepared.grid, prepared.block, prepared.shared,
-                            bytes(buffer), offsets, entry.head, entry.n_outputs, entry.tail, like, torch.empty_like,
+                            bytes(buffer), offsets, entry.head, entry.n_outputs, entry.tail, like,
                             plan.lean.settings, entry.settings, stream_fn, entry.settings[0], entry.result, makers,
                             n_ptrs + len(numbers), -1 if at is None else at, tuple(layout.state_shape))

@@ -26,9 +26,10 @@ signature runs unrecorded from then on. A nested replayable call (``eligibility_
 ``REPLAY = False`` (``RL_TRITON_TORCHRL_REPLAY=0``) turns it off; it is off where no kernel can launch (a CPU-only
 build of torch outside Triton's interpreter).
 
-Where the C extension ``_fastcall`` is loaded (built on first use; a GPU), it computes the signature and makes the
-calls of entries that launch natively (``Entry.fast``) in one C function; the rest, and every call where it is not
-loaded, take the Python path of this module.
+Where the C++ extension ``_fastcall`` is loaded (built on first use; a GPU), a call whose entry launches natively
+(``Entry.fast``) and was replayed once in Python is remembered there by its facts (what the signature keys), and the
+calls with the same facts are made in one C++ function; the rest, and every call where it is not loaded, take the
+Python path of this module.
 
 H200 host, 4096 x 128 float32, bare calls back to back (``benchmarks/results/h200/host_floor.md``): GAE 32.9 -> 23.5
 µs, ``retrace_discrete`` 75.5 -> 27.5 µs, every algorithm 1.3-2.7x less host time.
@@ -68,8 +69,8 @@ class _Local(threading.local):
 
 _local = _Local()
 _getenv = _BACKEND_ENV = _config_key = _new_outputs = _output_like = _launcher = None  # bound by ``_bind``
-_FAST = None  # the C extension (``_fastcall``) once adopted by a caller's thread (``_adopt``)
-_READY = None  # the C extension once loaded (``adopt``), not yet adopted
+_FAST = None  # the C++ extension (``_fastcall``) once adopted by a caller's thread (``_adopt``)
+_READY = None  # the C++ extension once loaded (``adopt``), not yet adopted
 _FAST_STARTED = False  # whether ``_start_fast`` ran
 
 
@@ -125,13 +126,14 @@ def _bind() -> None:
 
 
 def adopt(module) -> None:
-    """The C extension is loaded (by any thread): the next call of a caller's thread adopts it (``_adopt``)."""
+    """The C++ extension is loaded (by any thread): the next call of a caller's thread adopts it (``_adopt``)."""
     global _READY
     _READY = module
 
 
 def _adopt() -> None:
-    """Makes the calls through the C extension from now on, and gives it the entries recorded before."""
+    """Makes the calls through the C++ extension from now on, and gives the entries recorded before their
+    ``FastEntry``."""
     global _FAST, _READY
     _FAST, _READY = _READY, None
     for key, entry in list(_ENTRIES.items()):
@@ -140,7 +142,7 @@ def _adopt() -> None:
 
 
 def _start_fast() -> None:
-    """Starts loading the C extension (``_fastcall.start``: once, in its thread)."""
+    """Starts loading the C++ extension (``_fastcall.start``: once, in its thread)."""
     global _FAST_STARTED
     _FAST_STARTED = True
     from . import _fastcall
@@ -148,7 +150,7 @@ def _start_fast() -> None:
 
 
 def _with_fast(entry: Entry) -> Entry:
-    """``entry`` with its ``FastEntry`` where the C extension can make its calls (a native launch, outputs allocated
+    """``entry`` with its ``FastEntry`` where the C++ extension can make its calls (a native launch, outputs allocated
     as ``new_outputs`` allocates them), else ``entry``."""
     if entry.plan.native is None:
         return entry
@@ -196,7 +198,7 @@ class Entry(NamedTuple):
     tail: tuple  # likewise after them (tensor coefficients, the initial state)
     cvals: tuple  # the coefficients' values (numbers, the same in every call of the signature)
     result: object  # an int: that output; -1: the final state; a tuple of those: a tuple
-    fast: object = None  # the same call made by the C extension (``_with_fast``), or None
+    fast: object = None  # the same call made by the C++ extension (``_with_fast``), or None
 
     def replay(self, ptrs: list):
         """The call's result, or None where the plan did not launch (the caller then runs the plain way)."""
@@ -270,17 +272,18 @@ def replayable(fn):
     def call(*args, **kwargs):
         if not REPLAY or torch.compiler.is_compiling():
             return fn(*args, **kwargs)
-        if _FAST is not None:
-            made, key, ptrs = _FAST.call(_ENTRIES, call, args, kwargs)
-            if made:
-                return key  # (the result)
-            sig = None if key is None else (key, ptrs)
+        fast = _FAST
+        if fast is not None:
+            out = fast.call(call, args, kwargs)  # a call whose facts it remembers, or None
+            if out is not None:
+                return out
         else:
             if _getenv is None:
                 _bind()
             if _READY is not None:
                 _adopt()
-            sig = signature(call, args, kwargs)
+                fast = _FAST
+        sig = signature(call, args, kwargs)
         if sig is None:
             return fn(*args, **kwargs)
         key, ptrs = sig
@@ -296,7 +299,9 @@ def replayable(fn):
                 out = None
                 _ENTRIES.pop(key, None)
             if out is not None:
-                if not _FAST_STARTED and entry.plan.native is not None:
+                if fast is not None and entry.fast is not None:
+                    fast.remember(call, args, kwargs, entry)  # the next call with these facts is made in C++
+                elif not _FAST_STARTED and entry.plan.native is not None:
                     _start_fast()
                 return out
         rec = _Recording()
@@ -312,6 +317,8 @@ def replayable(fn):
             # (a launch without a plan, as while the launcher takes the plain path, is not counted against it)
             _ENTRIES[key] = made if made is not None else RECORDINGS if not rec.launches else entry + (
                 not rec.unplanned)
+            if made is not None and made.fast is not None and fast is not None:
+                fast.remember(call, args, kwargs, made)  # the next call with these facts is made in C++
         return result
 
     return call
