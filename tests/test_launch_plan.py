@@ -14,6 +14,7 @@ import ctypes
 import importlib
 import itertools
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -758,29 +759,47 @@ def test_c_remembers_the_last_signatures_of_each_function():
 @pytest.mark.skipif(not _fastcall.ENABLED, reason="the C++ extension is built on Linux only")
 @pytest.mark.parametrize("setting", ["built", "no-compiler", "off"])
 def test_fastcall_build(setting, tmp_path):
-    """A fresh process builds the extension once into its cache directory and loads it from there after; without
-    a compiler, or switched off, calls replay in Python and ``status`` says why."""
-    env = {**os.environ, "RL_TRITON_TORCHRL_CACHE_DIR": str(tmp_path)}
-    if setting == "no-compiler":
+    """Fresh processes build the extension once into their cache directory, two starting together too (the other
+    waits for it), and load it from there after; without a compiler, or switched off, calls replay in Python and
+    ``status`` says why."""
+    env = {**os.environ, "RL_TRITON_TORCHRL_CACHE_DIR": str(tmp_path / "cache")}
+    compiles = tmp_path / "compiles.log"
+    if setting == "built":  # the C++ compiler through a wrapper that counts its runs
+        wrapper = tmp_path / "cxx"
+        real = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
+        wrapper.write_text(f'#!/bin/sh\necho run >> "{compiles}"\nexec "{real}" "$@"\n')
+        wrapper.chmod(0o755)
+        env["CXX"] = str(wrapper)
+    elif setting == "no-compiler":
         env["CXX"] = str(tmp_path / "no-such-cxx")
     elif setting == "off":
         env["RL_TRITON_TORCHRL_FASTCALL"] = "0"
     code = "from rl_triton_torchrl.kernels import _fastcall; print(_fastcall.load() is not None); " \
            "print(_fastcall.status())"
 
-    def run():
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.splitlines()
+    def start():
+        return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
-    loaded, status = run()
-    built = list(tmp_path.glob("_fastcall_ext_*"))
+    def result(proc):
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        return out.splitlines()
+
+    def extensions():
+        return [p for p in (tmp_path / "cache").glob("_fastcall_ext_*") if not p.name.endswith(".lock")]
+
     if setting == "built":
-        assert (loaded, len(built)) == ("True", 1) and status.startswith("C++ ("), status
+        (loaded, status), (loaded_too, _) = map(result, [start(), start()])  # two processes at once
+        built = extensions()
+        assert (loaded, loaded_too, len(built)) == ("True", "True", 1) and status.startswith("C++ ("), status
+        assert compiles.read_text().split() == ["run"], "built more than once"
         stamp = built[0].stat().st_mtime_ns
-        assert run()[0] == "True" and built[0].stat().st_mtime_ns == stamp, "built again"
+        assert result(start())[0] == "True" and built[0].stat().st_mtime_ns == stamp, "built again"
+        assert compiles.read_text().split() == ["run"], "built again"
     else:
-        assert (loaded, built) == ("False", [])
+        loaded, status = result(start())
+        assert (loaded, extensions()) == ("False", [])
         assert ("no C++ compiler" if setting == "no-compiler" else "RL_TRITON_TORCHRL_FASTCALL=0") in status, status
 
 

@@ -95,6 +95,18 @@ def _build(target: Path) -> None:
         os.replace(out, target)  # whole or not at all, for a process building it beside this one
 
 
+def _build_once(target: Path) -> None:
+    """Builds the extension unless another process builds it meanwhile: the processes of one machine that start
+    together (DDP's ranks, pytest's workers) build it once, the others wait for it (about 20 s) under a file lock."""
+    import fcntl
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            _build(target)
+
+
 def _load_from(target: Path):
     import importlib.machinery
     import importlib.util
@@ -111,7 +123,7 @@ def _load_or_build() -> None:
     try:
         target = _target()
         if not target.exists():
-            _build(target)
+            _build_once(target)
         module = _load_from(target)
         from . import _replay, _utils, scan
         _replay._bind()  # (what its _state reads)
