@@ -760,14 +760,15 @@ def test_c_remembers_the_last_signatures_of_each_function():
 @pytest.mark.parametrize("setting", ["built", "no-compiler", "off"])
 def test_fastcall_build(setting, tmp_path):
     """Fresh processes build the extension once into their cache directory, two starting together too (the other
-    waits for it), and load it from there after; without a compiler, or switched off, calls replay in Python and
-    ``status`` says why."""
+    waits for it), and load it from there after; a compiler that refuses C++17 builds it as C++20; without a
+    compiler, or switched off, calls replay in Python and ``status`` says why."""
     env = {**os.environ, "RL_TRITON_TORCHRL_CACHE_DIR": str(tmp_path / "cache")}
     compiles = tmp_path / "compiles.log"
-    if setting == "built":  # the C++ compiler through a wrapper that counts its runs
+    if setting == "built":  # the C++ compiler through a wrapper that counts its runs and refuses C++17
         wrapper = tmp_path / "cxx"
         real = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++")
-        wrapper.write_text(f'#!/bin/sh\necho run >> "{compiles}"\nexec "{real}" "$@"\n')
+        wrapper.write_text(f'#!/bin/sh\ncase " $* " in *" -std=c++17 "*) echo c++17 >> "{compiles}"; exit 1;; esac\n'
+                           f'echo c++20 >> "{compiles}"\nexec "{real}" "$@"\n')
         wrapper.chmod(0o755)
         env["CXX"] = str(wrapper)
     elif setting == "no-compiler":
@@ -793,10 +794,10 @@ def test_fastcall_build(setting, tmp_path):
         (loaded, status), (loaded_too, _) = map(result, [start(), start()])  # two processes at once
         built = extensions()
         assert (loaded, loaded_too, len(built)) == ("True", "True", 1) and status.startswith("C++ ("), status
-        assert compiles.read_text().split() == ["run"], "built more than once"
+        assert compiles.read_text().split() == ["c++17", "c++20"], "built more than once"
         stamp = built[0].stat().st_mtime_ns
         assert result(start())[0] == "True" and built[0].stat().st_mtime_ns == stamp, "built again"
-        assert compiles.read_text().split() == ["run"], "built again"
+        assert compiles.read_text().split() == ["c++17", "c++20"], "built again"
     else:
         loaded, status = result(start())
         assert (loaded, extensions()) == ("False", [])

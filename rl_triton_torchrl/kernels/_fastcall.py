@@ -85,12 +85,16 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        cmd = [cxx, "-O2", "-std=c++17", "-w", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-               "-I", include, "-I", str(headers), "-I", str(headers / "torch" / "csrc" / "api" / "include"),
-               str(SOURCE), "-o", str(out), f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
-               f"-Wl,-rpath,{lib}"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if done.returncode:
+        # C++17 as built and measured against torch 2.11 and 2.13; C++20 where a later torch's headers need it
+        for std in ("c++17", "c++20"):
+            cmd = [cxx, "-O2", f"-std={std}", "-w", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                   "-I", include, "-I", str(headers), "-I", str(headers / "torch" / "csrc" / "api" / "include"),
+                   str(SOURCE), "-o", str(out), f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
+                   f"-Wl,-rpath,{lib}"]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if not done.returncode:
+                break
+        else:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
         os.replace(out, target)  # whole or not at all, for a process building it beside this one
 
