@@ -26,8 +26,8 @@ signature runs unrecorded from then on. A nested replayable call (``eligibility_
 ``REPLAY = False`` (``RL_TRITON_TORCHRL_REPLAY=0``) turns it off; it is off where no kernel can launch (a CPU-only
 build of torch outside Triton's interpreter).
 
-Where the C++ extension ``_fastcall`` is loaded (built on first use; a GPU), a call whose entry launches natively
-(``Entry.fast``) and was replayed once in Python is remembered there by its facts (what the signature keys), and the
+Where the C++ extension ``_fastcall`` is loaded (built on first use; a GPU), a call recorded or replayed in Python
+whose entry launches natively (``Entry.fast``) is remembered there by its facts (what the signature keys), and the
 calls with the same facts are made in one C++ function; the rest, and every call where it is not loaded, take the
 Python path of this module.
 
