@@ -1,6 +1,7 @@
 """Shared benchmark plumbing: environment record, timers, the copy-bandwidth ceiling, JSON and markdown output."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -164,10 +165,13 @@ def kernel_time_us(fn, reps: int = 30, flush_bytes: int = 256 << 20) -> float:
     return statistics.median(c[0] for c in calls) if calls else float("nan")
 
 
-def wall_time_us(fn, calls: int | None = None, budget_s: float = 0.5) -> float:
-    """Host wall time per call, calls issued back to back and the device drained once at the end."""
+def wall_time_us(fn, calls: int | None = None, budget_s: float = 0.5, warmup_s: float = 0.0) -> float:
+    """Host wall time per call, calls issued back to back and the device drained once at the end, with Python's
+    garbage collector paused (as ``timeit`` does). ``warmup_s``: calls back to back for that long first (at least
+    one), so that the host's caches and the GPU's clocks are those of a steady loop, not of a process that just
+    compiled or slept."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    fn()
+    warm(fn, warmup_s)
     sync()
     if calls is None:
         start = time.perf_counter()
@@ -175,11 +179,25 @@ def wall_time_us(fn, calls: int | None = None, budget_s: float = 0.5) -> float:
         sync()
         one = time.perf_counter() - start
         calls = max(3, min(200, int(budget_s / max(one, 1e-6))))
-    start = time.perf_counter()
-    for _ in range(calls):
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        return (time.perf_counter() - start) / calls * 1e6
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def warm(fn, seconds: float) -> None:
+    """``fn`` called back to back for ``seconds`` (at least once)."""
+    end = time.perf_counter() + seconds
+    fn()
+    while time.perf_counter() < end:
         fn()
-    sync()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def synced_median_s(fn, repeats: int, sync, warmup: int = 1) -> float:
@@ -197,15 +215,19 @@ def synced_median_s(fn, repeats: int, sync, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def full_call_us(fn, calls: int = 30, repeats: int = 5) -> float:
+def full_call_us(fn, calls: int = 30, repeats: int = 5, warmup_s: float = 0.02) -> float:
     """One full call timed on its own, rl-triton's headline method: the device drained, an event, the call, an event,
     the device drained; the median of ``calls`` such calls, the best of ``repeats`` medians, in microseconds.
+    ``warmup_s`` of calls back to back first (``warm``): the first cell timed after a compile otherwise took 2-3x
+    the full call of the cells after it, for every implementation (bench_peers at 37b0f11 on an H100: the GPU's
+    clocks or the host's caches not yet those of a steady loop).
 
     The time between the two events counts the host's launch work of the call where the device waits on it (a call
     that launches several kernels, or whose host work outlasts the device's) and the device's run of it, L2 warm. On
     the CPU (a smoke run) host wall time per call the same way.
     """
     medians = []
+    warm(fn, warmup_s)
     if torch.cuda.is_available():
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(repeats):
