@@ -27,6 +27,9 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``unaligned``: no aligned windows (``scan.WINDOW_KERNELS`` empty; main names every kernel): rows whose length is no
   multiple of 4 loaded one element per instruction instead of in whole 16-byte groups from the boundary at or before
   each row (``scan.chunk``, ``scan._aligned_window``); compare ``--shapes 65536x2047,65536x2048,16384x257,...``.
+- ``minchunks1``, ``minchunks2``: aligned windows also where they add a chunk to a row's walk of at least 1 or 2
+  chunks (``scan.WINDOW_MIN_CHUNKS``, 4 on main); compare ``--shapes 4096x255,4096x256,64x4095,64x4096``.
+- ``lookback2049``: look-back chunks for few rows from 2049 steps on (``scan.LOOKBACK_MIN_T``, 4096 on main).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -117,6 +120,13 @@ PATCHES = {
     "pipe2": {"PIPELINE_KERNELS": _scan.KERNELS, "PIPELINE_STAGES": 2},
     "pipe3": {"PIPELINE_KERNELS": _scan.KERNELS, "PIPELINE_STAGES": 3},
     "unaligned": {"WINDOW_KERNELS": frozenset()},
+    # aligned windows also where the window's up to 3 more steps add a chunk to a walk of 1 or 2 chunks or more
+    # (scan.WINDOW_MIN_CHUNKS, 4 on main: such rows load one element per instruction)
+    "minchunks1": {"WINDOW_MIN_CHUNKS": 1},
+    "minchunks2": {"WINDOW_MIN_CHUNKS": 2},
+    # look-back chunks for few rows from 2049 steps on, where a row has two of them (scan.LOOKBACK_MIN_T, 4096 on
+    # main: one program per row before)
+    "lookback2049": {"LOOKBACK_MIN_T": 2049},
 }
 
 
