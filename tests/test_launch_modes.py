@@ -274,9 +274,8 @@ def test_aligned_windows_need_aligned_tensors(algo, windows, monkeypatch):
 def test_aligned_window_rule(monkeypatch):
     """``scan._aligned_window``: kernels of ``WINDOW_KERNELS`` over rows compiled for their length that is no
     multiple of 4 and longer than ``SHORT_T``, in row tiles, float32 rollouts, 16-byte aligned tensors of at most
-    4-byte elements; one more chunk only in walks of at least ``WINDOW_MIN_CHUNKS``."""
+    4-byte elements; one more chunk only in walks of at least ``WINDOW_MIN_CHUNKS`` (2)."""
     monkeypatch.setattr(scan, "WINDOW_KERNELS", frozenset({"k"}))
-    monkeypatch.setattr(scan, "WINDOW_MIN_CHUNKS", 4)
 
     def rule(shape, tensors=None, name="k", fixed_t=True, dtype=torch.float32, **cfg):
         layout = _layout(shape, dtype)
@@ -290,8 +289,10 @@ def test_aligned_window_rule(monkeypatch):
     assert not rule((8, 45, 1), dtype=torch.float64) and not rule((8, 45, 1), dtype=torch.bfloat16)
     assert not rule((8, 45, 1), LOOKBACK=32)
     assert not rule((8, 63, 1)) and not rule((8, 127, 1)) and not rule((8, 2047, 1))  # one tile, two as windows
-    # rows of 128-step chunks: 129 walks 2 either way, 255 2 -> 3 (too short a walk), 511 4 -> 5, 2047 16 -> 17
-    assert rule((4096, 129, 1)) and not rule((4096, 255, 1)) and rule((4096, 511, 1)) and rule((4096, 2047, 1))
+    # rows of 128-step chunks: 129 walks 2 either way, 255 2 -> 3, 511 4 -> 5, 2047 16 -> 17
+    assert rule((4096, 129, 1)) and rule((4096, 255, 1)) and rule((4096, 511, 1)) and rule((4096, 2047, 1))
+    monkeypatch.setattr(scan, "WINDOW_MIN_CHUNKS", 4)
+    assert not rule((4096, 255, 1)) and not rule((4096, 383, 1)) and rule((4096, 511, 1))  # 2 -> 3, 3 -> 4: too short
     flat = torch.empty(8 * 45 + 1)
     assert not rule((8, 45, 1), tensors=[flat[1:].view(8, 45, 1)])  # not 16-byte aligned
     assert not rule((8, 45, 1), tensors=[torch.empty(8, 45, 1), torch.empty(8, 45, 1, dtype=torch.int64)])

@@ -172,9 +172,13 @@ CONSTANT_MAX_T = 4096
 # 4096 x 4095 77 -> 84; at 4096 x 1023 26 -> 19 and 16384 x 257 32 -> 23 faster), while TD(lambda) with values
 # gains in the same cells (4096 x 4095 144 -> 98). The cliff sweep (bench_peers_cliffs_windows_{off,on}.md, the 234
 # judged cells of T <= 51 both runs reached): GAE 10 -> 2 cells over 1.25x their powers of two, the discounted
-# return 15 -> 9.
+# return 15 -> 9. A window that adds a chunk to a walk of 2 or 3 chunks is still faster than the row's unaligned
+# loads (H100, benchmarks/results/h200/ablate_cliffs_f6d36f4.md, WINDOW_MIN_CHUNKS 4 -> 2, device µs): GAE 16 x 4095
+# 36.2 -> 13.7, 512 x 4095 75.5 -> 36.2, 4096 x 255 20.0 -> 15.9, 65536 x 255 200 -> 138; V-trace 65536 x 383
+# 700 -> 271, 16384 x 255 126 -> 55; the discounted return 1000 x 4095 71 -> 41; no cell slower. Walks of one
+# chunk (T just under a tile) were not measured, and keep their loads.
 WINDOW_KERNELS = KERNELS
-WINDOW_MIN_CHUNKS = 4
+WINDOW_MIN_CHUNKS = 2
 # Reverse scans of tiles exactly WARP_LOCAL_T steps wide (32 lanes x 4 steps: one warp per row) reverse the tile
 # themselves and scan forward (see scan_tile_enter). For narrower tiles Triton's gather first moves the tile into a
 # layout of its own through shared memory (16-64 steps: more SASS instructions than its reverse scan), and at 4
