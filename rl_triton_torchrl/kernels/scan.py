@@ -175,8 +175,8 @@ CONSTANT_MAX_T = 4096
 # return 15 -> 9. A window that adds a chunk to a walk of 2 or 3 chunks is still faster than the row's unaligned
 # loads (H100, benchmarks/results/h100/ablate_cliffs_f6d36f4.md, WINDOW_MIN_CHUNKS 4 -> 2, device µs): GAE 16 x 4095
 # 36.2 -> 13.7, 512 x 4095 75.5 -> 36.2, 4096 x 255 20.0 -> 15.9, 65536 x 255 200 -> 138; V-trace 65536 x 383
-# 700 -> 271, 16384 x 255 126 -> 55; the discounted return 1000 x 4095 71 -> 41; every cell it changes faster, the others within 5%. Walks of one
-# chunk (T just under a tile) were not measured, and keep their loads.
+# 700 -> 271, 16384 x 255 126 -> 55; the discounted return 1000 x 4095 71 -> 41; every cell it changes faster, the
+# others within 5%. Walks of one chunk (T just under a tile) were not measured, and keep their loads.
 WINDOW_KERNELS = KERNELS
 WINDOW_MIN_CHUNKS = 2
 # Reverse scans of tiles exactly WARP_LOCAL_T steps wide (32 lanes x 4 steps: one warp per row) reverse the tile
