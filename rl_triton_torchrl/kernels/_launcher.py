@@ -223,8 +223,7 @@ class Launcher:
         try:
             if LEAN_LAUNCH and self.specializer is not None and (_VERIFIED or verified_triton()):
                 kernel, runtime = self.kernel, knobs.runtime
-                enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-                if (not kernel.pre_run_hooks and (enter is None or _idle(enter)) and (leave is None or _idle(leave))
+                if (not kernel.pre_run_hooks and _idle(runtime.launch_enter_hook) and _idle(runtime.launch_exit_hook)
                         and (not kernel.used_global_vals or self._globals_unchanged())):
                     return (active_driver().get_current_device(), kernel.debug, runtime.debug,
                             knobs.compilation.instrumentation_mode)
