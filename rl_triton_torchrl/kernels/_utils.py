@@ -18,8 +18,9 @@ import torch
 from . import _replay, _triton
 
 __all__ = [
-    "DEFAULT_TIME_DIM", "InputError", "Layout", "check_inputs", "check_coef", "check_nonnegative", "check_values",
-    "checks_values", "getenv", "is_cached", "resolve_backend", "resolve_time_dim", "rows_strides",
+    "DEFAULT_TIME_DIM", "InputError", "Layout", "check_inputs", "check_coef", "check_last_value_dtype",
+    "check_nonnegative", "check_shifted", "check_values", "checks_values", "getenv", "is_cached", "resolve_backend",
+    "resolve_time_dim", "rows_strides",
 ]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -392,6 +393,29 @@ def checks_values(x: torch.Tensor) -> bool:
     if checked:
         _replay.note_value_check()
     return checked
+
+
+def check_shifted(next_state_value, last_state_value) -> bool:
+    """Whether a call takes the shifted input mode: ``next_state_value=None`` with ``last_state_value``, so that
+    :math:`V(s_{t+1})` is read from ``state_value`` one step on and from ``last_state_value`` after the last step.
+    Raises for one of the two without the other. (Check ``last_state_value`` as a state of ``check_inputs``, then
+    its dtype with ``check_last_value_dtype``.)"""
+    shifted = next_state_value is None
+    if shifted != (last_state_value is not None):
+        if shifted:
+            raise TypeError("next_state_value must be a floating-point torch.Tensor, got None (or pass "
+                            "last_state_value, [*B, *F], to read V(s_{t+1}) from state_value one step on)")
+        raise InputError("pass next_state_value or last_state_value, not both (last_state_value reads "
+                         "V(s_{t+1}) from state_value one step on, in place of next_state_value)")
+    return shifted
+
+
+def check_last_value_dtype(last_state_value: torch.Tensor, layout: Layout, first: str) -> None:
+    """``last_state_value`` in the float inputs' dtype (``first`` names the first of them), as the kernels read it
+    among them."""
+    if last_state_value.dtype != layout.dtype:
+        raise TypeError(f"last_state_value has dtype {last_state_value.dtype} but {first} has {layout.dtype}: pass "
+                        "one float dtype")
 
 
 def check_values(name: str, x: torch.Tensor, bad: torch.Tensor, rule: str) -> None:

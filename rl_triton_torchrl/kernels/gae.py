@@ -23,11 +23,11 @@ import torch
 
 from ._replay import replayable
 from ._triton import tl, triton
-from ._utils import InputError, check_coef, check_inputs, resolve_backend
+from ._utils import check_coef, check_inputs, check_last_value_dtype, check_shifted, resolve_backend
 from .scan import (
-    WARP_LOCAL_T, chunk, empty_state, from_rows_time, launch, load_coef, load_next_step, load_not_flags, load_row,
-    load_tile, new_outputs, not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile,
-    state_out, store_state, store_tile, zero_where,
+    WARP_LOCAL_T, chunk, empty_state, from_rows_time, last_step_value, launch, load_coef, load_next_step,
+    load_not_flags, load_tile, new_outputs, next_value_input, next_value_rows, not_flag, row_prologue, rows_state,
+    rows_time, scan_rows, scan_tile, state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["gae"]
@@ -69,8 +69,7 @@ def _gae_fwd_kernel(
         if SHIFTED:
             b_nv, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
                                              SHIFT_IN_TILE, LOOKBACK)
-            b_lv = load_row(nv_ptr, o_o, o_i, s_nv_o, s_nv_i, m_r, ACC)  # [BLOCK_R]
-            b_nv = tl.where(o_t == T - 1, b_lv[:, None], b_nv)  # [BLOCK_R, BLOCK_T]
+            b_nv = last_step_value(b_nv, nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_i, m_r, T, ACC)  # [BLOCK_R, BLOCK_T]
         else:
             b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         # V' of a terminated step is never read (nor can a NaN there leak)
@@ -150,13 +149,7 @@ def gae(
         >>> adv[:, 0, 0]
         tensor([3.4390, 2.7100, 1.9000, 1.0000])
     """
-    shifted = next_state_value is None
-    if shifted != (last_state_value is not None):
-        if shifted:
-            raise TypeError("next_state_value must be a floating-point torch.Tensor, got None (or pass "
-                            "last_state_value, [*B, *F], to read V(s_{t+1}) from state_value one step on)")
-        raise InputError("pass next_state_value or last_state_value, not both (last_state_value reads "
-                         "V(s_{t+1}) from state_value one step on, in place of next_state_value)")
+    shifted = check_shifted(next_state_value, last_state_value)
     layout = check_inputs(
         time_dim,
         {"reward": reward, "state_value": state_value, "next_state_value": next_state_value},
@@ -164,9 +157,8 @@ def gae(
         {"initial_state": initial_state, "last_state_value": last_state_value},
         optional=("terminated", "next_state_value") if shifted else ("terminated",),
     )
-    if shifted and last_state_value.dtype != layout.dtype:
-        raise TypeError(f"last_state_value has dtype {last_state_value.dtype} but reward has {layout.dtype}: pass "
-                        "one float dtype")
+    if shifted:
+        check_last_value_dtype(last_state_value, layout, "reward")
     gamma = check_coef("gamma", gamma, layout)
     lmbda = check_coef("lmbda", lmbda, layout)
     terminated = done if terminated is None else terminated
@@ -176,11 +168,7 @@ def gae(
     elif (path := resolve_backend(backend, layout.device, reward, state_value, next_state_value, gamma, lmbda,
                                   initial_state, last_state_value)) != "triton":
         v = rows_time(state_value, layout)
-        if shifted:  # V(s_(t+1)): v one step on, then the last value
-            nv = torch.cat([v[:, 1:], rows_state(last_state_value).to(v.dtype)[:, None]], 1)
-            nv = torch.where(rows_time(terminated, layout), 0.0, nv)
-        else:
-            nv = rows_time_unless(next_state_value, terminated, layout)
+        nv = next_value_rows(v, next_state_value, last_state_value, terminated, layout)
         b_a, b_b = gae_coefficients(
             rows_time(reward, layout), v, nv,
             not_flag(done, layout),
@@ -192,10 +180,8 @@ def gae(
         adv, vt = new_outputs(layout, 2)
         ht = launch(
             _gae_fwd_kernel, layout,
-            # shifted: nv is the last value viewed as the inputs' shape, broadcast along time (stride 0)
             inputs={"r": reward, "v": state_value,
-                    "nv": last_state_value.unsqueeze(layout.time_dim).expand(layout.shape) if shifted
-                    else next_state_value,
+                    "nv": next_value_input(next_state_value, last_state_value, layout),
                     "d": done, "term": terminated},
             coefs={"gamma": gamma, "lmbda": lmbda},
             outputs={"adv": adv, "vt": vt},

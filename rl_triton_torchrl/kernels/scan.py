@@ -487,6 +487,15 @@ def load_next_step(base, b_x, b_x_after, o_o, o_i, o_t, s_o, s_t, s_i, m, T, ACC
 
 
 @triton.jit
+def last_step_value(b_next, last_ptr, o_o, o_i, o_t, s_o, s_i, m_r, T, ACC: tl.constexpr):
+    """The shifted input mode's :math:`V(s_{t+1})` [BLOCK_R, BLOCK_T]: ``b_next`` (the values one step on, from
+    ``load_next_step``) but at t = T - 1, where it is the last value ``[*B, *F]`` at ``last_ptr`` (read once per
+    row; ``next_value_input`` passes it as a tensor of the inputs' shape with time stride 0)."""
+    b_last = load_row(last_ptr, o_o, o_i, s_o, s_i, m_r, ACC)  # [BLOCK_R]
+    return tl.where(o_t == T - 1, b_last[:, None], b_next)
+
+
+@triton.jit
 def _pack(b_x, FLAG: tl.constexpr):
     """A float32 with a nonzero flag in the high half of one int64 word: written and read in one access, a word
     is either still zero or complete."""
@@ -1289,6 +1298,24 @@ def rows_time_unless(x, flag, layout: Layout):
 
 def rows_state(initial_state):
     return None if initial_state is None else initial_state.reshape(-1)
+
+
+def next_value_input(next_state_value, last_state_value, layout: Layout) -> torch.Tensor:
+    """The next-value input ``nv`` of a kernel with a shifted input mode: ``next_state_value``, or in that mode the
+    last value ``[*B, *F]`` as a tensor of the inputs' shape with time stride 0, which the kernel reads at t = T - 1
+    only (``last_step_value``)."""
+    if last_state_value is None:
+        return next_state_value
+    return last_state_value.unsqueeze(layout.time_dim).expand(layout.shape)
+
+
+def next_value_rows(v: torch.Tensor, next_state_value, last_state_value, terminated, layout: Layout):
+    """:math:`V(s_{t+1})` as ``[R, T]`` on the torch path, zero where ``terminated`` (never read there):
+    ``next_state_value``, or in the shifted input mode ``v`` (``[R, T]``) one step on, then the last value."""
+    if last_state_value is None:
+        return rows_time_unless(next_state_value, terminated, layout)
+    nv = torch.cat([v[:, 1:], rows_state(last_state_value).to(v.dtype)[:, None]], 1)
+    return torch.where(rows_time(terminated, layout), 0.0, nv)
 
 
 def not_flag(x, layout: Layout):
