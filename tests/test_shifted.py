@@ -1,8 +1,10 @@
-"""GAE's shifted input mode (``next_state_value=None, last_state_value=...``) against the float64 reference.
+"""The shifted input mode of GAE and V-trace (``next_state_value=None, last_state_value=...``) against the float64
+references.
 
-The oracle is ``reference.gae_ref`` with the next values built explicitly, ``torch.cat`` of ``state_value`` one step
-on and the last value, so the kernel's own reading of ``V(s_(t+1))`` from ``state_value`` is what is tested. Both
-paths (torch; Triton, through the interpreter without a GPU), every output NaN-poisoned first (conftest).
+The oracle is each algorithm's reference with the next values built explicitly, ``torch.cat`` of ``state_value``
+one step on and the last value, so the kernels' own reading of ``V(s_(t+1))`` from ``state_value`` is what is
+tested. Both paths (torch; Triton, through the interpreter without a GPU), every output NaN-poisoned first
+(conftest).
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from rl_triton_torchrl.kernels import InputError
 from rl_triton_torchrl.kernels import reference as R
 from rl_triton_torchrl.kernels import scan
 from rl_triton_torchrl.kernels._utils import check_inputs
-from test_algorithms import GAMMA, LMBDA, make_inputs
+from test_algorithms import GAMMA, LMBDA
+from test_vtrace_retrace import make_rollout as make_inputs
 
 
 def state_shape(shape, time_dim):
@@ -39,20 +42,55 @@ def shifted_next_values(value, last_value, time_dim):
     return torch.cat([value.narrow(td, 1, value.shape[td] - 1), last_value.unsqueeze(td)], dim=td)
 
 
-def check(x, backend, *, time_dim=-2, gamma=GAMMA, lmbda=LMBDA, dtype=None, terminated=True, **kw):
-    term = x["terminated"] if terminated else None
-    out = K.gae(x["reward"], x["value"], None, x["done"], term, gamma=gamma, lmbda=lmbda, time_dim=time_dim,
-                last_state_value=x["last_value"], backend=backend, **kw)
-    nv = shifted_next_values(x["value"], x["last_value"], time_dim)
-    ref_kw = {k: v for k, v in kw.items() if k != "output_final_state"}
-    adv, vt, h = R.gae_ref(x["reward"], x["value"], nv, x["done"], term, gamma=gamma, lmbda=lmbda,
-                           time_dim=time_dim, **ref_kw)
+# name -> (call(x, value, next value, last value, terminated, **kw), reference(x, value, next value, terminated,
+# **kw) -> (advantage, target, state), its default coefficients, the name of the first float input (dtype errors
+# name it))
+ALGOS = {
+    "gae": (
+        lambda x, v, nv, lv, term, **kw: K.gae(x["reward"], v, nv, x["done"], term, last_state_value=lv, **kw),
+        lambda x, v, nv, term, **kw: R.gae_ref(x["reward"], v, nv, x["done"], term, **kw),
+        {"gamma": GAMMA, "lmbda": LMBDA},
+        "reward",
+    ),
+    "vtrace": (
+        lambda x, v, nv, lv, term, **kw: K.vtrace(x["log_pi"], x["log_mu"], v, nv, x["reward"], x["done"], term,
+                                                  last_state_value=lv, **kw),
+        lambda x, v, nv, term, **kw: R.vtrace_ref(x["log_pi"], x["log_mu"], v, nv, x["reward"], x["done"], term,
+                                                  **kw),
+        {"gamma": GAMMA, "rho_thresh": 1.0, "c_thresh": 0.8},
+        "log_pi",
+    ),
+}
+algos = pytest.mark.parametrize("algo", list(ALGOS))
+
+
+def call(algo, x, value=None, last_value=None, *, terminated=True, **kw):
+    """``algo`` on ``x`` in the shifted mode (``value`` and ``last_value`` in place of x's)."""
+    fn, _, coefs, _ = ALGOS[algo]
+    value = x["value"] if value is None else value
+    last_value = x["last_value"] if last_value is None else last_value
+    return fn(x, value, None, last_value, x["terminated"] if terminated else None, **{**coefs, **kw})
+
+
+def reference(algo, x, value=None, last_value=None, *, time_dim=-2, terminated=True, **kw):
+    """The float64 reference of ``algo`` on ``x`` with the next values built explicitly: (outputs..., state)."""
+    _, ref, coefs, _ = ALGOS[algo]
+    value = x["value"] if value is None else value
+    last_value = x["last_value"] if last_value is None else last_value
+    nv = shifted_next_values(value, last_value, time_dim)
+    kw = {k: v for k, v in kw.items() if k != "output_final_state"}
+    return ref(x, value, nv, x["terminated"] if terminated else None, time_dim=time_dim, **{**coefs, **kw})
+
+
+def check(algo, x, backend, *, time_dim=-2, dtype=None, terminated=True, **kw):
+    out = call(algo, x, terminated=terminated, time_dim=time_dim, backend=backend, **kw)
+    *expected, h = reference(algo, x, terminated=terminated, time_dim=time_dim, **kw)
     dtype = dtype or x["reward"].dtype
-    for name, o, e in (("advantage", out[0], adv), ("value_target", out[1], vt)):
-        assert o.dtype == x["reward"].dtype and o.shape == x["reward"].shape, f"{name}: {o.dtype} {o.shape}"
-        assert_close(name, o, e, dtype)
+    for name, o, e in zip(("advantage", "value_target"), out, expected):
+        assert o.dtype == x["reward"].dtype and o.shape == x["reward"].shape, f"{algo} {name}: {o.dtype} {o.shape}"
+        assert_close(f"{algo} {name}", o, e, dtype)
     if kw.get("output_final_state"):
-        assert_close("final state", out[2], h, torch.float32 if dtype != torch.float64 else dtype)
+        assert_close(f"{algo} final state", out[2], h, torch.float32 if dtype != torch.float64 else dtype)
     return out
 
 
@@ -60,18 +98,20 @@ SHAPES = [((3, T, 1), -2) for T in (1, 3, 63)] + [((T, 4, 1), 0) for T in (1, 3,
 T_SWEEP = [(s, td, p) for s, td in SHAPES for p in PATTERNS]
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shape,time_dim,pattern", T_SWEEP, ids=[case_id(*c) for c in T_SWEEP])
-def test_t_sweep(backend, shape, time_dim, pattern):
-    check(with_last_value(make_inputs(shape, time_dim, pattern), time_dim), backend, time_dim=time_dim)
+def test_t_sweep(algo, backend, shape, time_dim, pattern):
+    check(algo, with_last_value(make_inputs(shape, time_dim, pattern), time_dim), backend, time_dim=time_dim)
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_rsl_rl_storage(backend, pattern):
+def test_rsl_rl_storage(algo, backend, pattern):
     """rsl_rl's layout: ``[T, N, 1]`` time-major, one flag tensor for done and terminated (read once)."""
     x = with_last_value(make_inputs((24, 37, 1), 0, pattern), 0)
-    check({**x, "terminated": x["done"]}, backend, time_dim=0, terminated=False)
+    check(algo, {**x, "terminated": x["done"]}, backend, time_dim=0, terminated=False)
 
 
 LAYOUTS = [
@@ -86,57 +126,65 @@ LAYOUTS = [
 ]
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("lv_layout", ["contig", "strided"])
 @pytest.mark.parametrize("shape,time_dim,layout", LAYOUTS, ids=[case_id(s, t, extra=lay) for s, t, lay in LAYOUTS])
-def test_layouts(backend, shape, time_dim, layout, lv_layout):
+def test_layouts(algo, backend, shape, time_dim, layout, lv_layout):
     x = with_last_value(make_inputs(shape, time_dim, "random", layout=layout), time_dim, layout=lv_layout)
     if lv_layout == "strided" and x["last_value"].dim() > 0 and x["last_value"].shape[-1] > 1:
         assert not x["last_value"].is_contiguous()
-    check(x, backend, time_dim=time_dim)
+    check(algo, x, backend, time_dim=time_dim)
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_dtypes(backend, dtype):
-    check(with_last_value(make_inputs((4, 63, 2), -2, "random", dtype=dtype), -2), backend)
+def test_dtypes(algo, backend, dtype):
+    check(algo, with_last_value(make_inputs((4, 63, 2), -2, "random", dtype=dtype), -2), backend)
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_coefficient_tensors(backend):
+def test_coefficient_tensors(algo, backend):
+    """Per-step gamma and a per-row second coefficient, as broadcastable tensors."""
     shape = (3, 41, 2)
     g = torch.Generator().manual_seed(2)
-    gamma = (0.9 + 0.1 * torch.rand(shape, generator=g)).to(DEVICE)
-    lmbda = (0.5 + 0.5 * torch.rand(3, 1, 1, generator=g)).to(DEVICE)
-    check(with_last_value(make_inputs(shape), -2), backend, gamma=gamma, lmbda=lmbda)
+    second = list(ALGOS[algo][2])[1]
+    coefs = {"gamma": (0.9 + 0.1 * torch.rand(shape, generator=g)).to(DEVICE),
+             second: (0.5 + 0.5 * torch.rand(3, 1, 1, generator=g)).to(DEVICE)}
+    check(algo, with_last_value(make_inputs(shape), -2), backend, **coefs)
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shape,time_dim", [((3, 200, 1), -2), ((45, 2, 3), 0)], ids=["B3-T200", "T45-tdim0"])
-def test_chunked_path(backend, shape, time_dim, small_tiles):
+def test_chunked_path(algo, backend, shape, time_dim, small_tiles):
     """16-step tiles: the value one step on crosses from one chunk into the next."""
-    check(with_last_value(make_inputs(shape, time_dim, "trunc_last"), time_dim), backend, time_dim=time_dim)
+    check(algo, with_last_value(make_inputs(shape, time_dim, "trunc_last"), time_dim), backend, time_dim=time_dim)
 
 
+@algos
 @pytest.mark.triton
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("T", [65, 128, 129, 300])
-def test_warp_local_tiles(T, pattern, monkeypatch):
+def test_warp_local_tiles(algo, T, pattern, monkeypatch):
     """Batch-major rows in 128-step tiles (the few-rows rule off): rows of one chunk (partial, whole) read V(s_(t+1))
     one step on; rows of several chunks (one step past one, several) take it from the tile's own values one column
     on and its last column from the chunk after it; with a carried state and the final state."""
     monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 0)
     layout = check_inputs(-2, {"x": torch.empty((3, T, 1), device="meta")}, {})
-    assert scan.launch_config(layout, "_gae_fwd_kernel")["BLOCK_T"] == scan.WARP_LOCAL_T
+    assert scan.launch_config(layout, f"_{algo}_fwd_kernel")["BLOCK_T"] == scan.WARP_LOCAL_T
     x = with_last_value(make_inputs((3, T, 1), -2, pattern, seed=T), -2)
     h0 = randn((3, 1), torch.Generator().manual_seed(T), torch.float32)
-    check(x, "triton", initial_state=h0, output_final_state=True)
+    check(algo, x, "triton", initial_state=h0, output_final_state=True)
 
 
+@algos
 @pytest.mark.triton
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("T", [13, 45, 129, 131, 301])
-def test_aligned_windows(T, pattern, monkeypatch):
+def test_aligned_windows(algo, T, pattern, monkeypatch):
     """Rows whose length is no multiple of 4 in aligned windows (``scan.chunk``'s ``WINDOW``), whole or in 128-step
     tiles of several chunks, where V(s_(t+1)) comes from the window's own columns: the last value (read once per row,
     its storage a view off the 16-byte grid) does not stand in the way; with a carried state and the final state."""
@@ -148,35 +196,37 @@ def test_aligned_windows(T, pattern, monkeypatch):
     lv = x["last_value"]
     x["last_value"] = torch.cat([lv.new_zeros(1), lv.reshape(-1)])[1:].view(lv.shape)
     h0 = randn((3, 1), torch.Generator().manual_seed(T), torch.float32)
-    check(x, "triton", initial_state=h0, output_final_state=True)
+    check(algo, x, "triton", initial_state=h0, output_final_state=True)
     assert taken == [True]
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_long_sequence(backend):
+def test_long_sequence(algo, backend):
     """T = 5000: the chunk loop (and, on the Triton path, the look-back mode's one program per chunk)."""
-    check(with_last_value(make_inputs((2, 5000, 1), -2, "random"), -2), backend)
+    check(algo, with_last_value(make_inputs((2, 5000, 1), -2, "random"), -2), backend)
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("split", [1, 17, 39])
-def test_carried_state(backend, split):
+def test_carried_state(algo, backend, split):
     """A rollout cut in two: the head's last value is the tail's first value, and the tail's final state enters the
     head; together they give the uncut result."""
     x = with_last_value(make_inputs((3, 40, 2), -2, "random"), -2)
     head = {k: v[:, :split] for k, v in x.items() if k != "last_value"}
     tail = {k: v[:, split:] for k, v in x.items() if k != "last_value"}
     tail["last_value"], head["last_value"] = x["last_value"], x["value"][:, split]
-    *tail_out, h_tail = check(tail, backend, output_final_state=True)
-    *head_out, _ = check(head, backend, initial_state=h_tail, output_final_state=True)
-    adv, vt, _ = R.gae_ref(x["reward"], x["value"], shifted_next_values(x["value"], x["last_value"], -2), x["done"],
-                           x["terminated"], gamma=GAMMA, lmbda=LMBDA)
-    assert_close("advantage", torch.cat([head_out[0], tail_out[0]], 1), adv)
-    assert_close("value_target", torch.cat([head_out[1], tail_out[1]], 1), vt)
+    *tail_out, h_tail = check(algo, tail, backend, output_final_state=True)
+    *head_out, _ = check(algo, head, backend, initial_state=h_tail, output_final_state=True)
+    expected = reference(algo, x)
+    for i, name in enumerate(("advantage", "value_target")):
+        assert_close(f"{algo} {name}", torch.cat([head_out[i], tail_out[i]], 1), expected[i])
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_non_finite_stays_put(backend):
+def test_non_finite_stays_put(algo, backend):
     """A NaN last value of a row whose last step terminated, and a NaN value right after a termination, are
     never read as a bootstrap; a NaN value elsewhere reaches exactly the outputs the reference gives."""
     x = with_last_value(make_inputs((4, 9, 1), -2, "none"), -2)
@@ -188,22 +238,23 @@ def test_non_finite_stays_put(backend):
     value[1, 4] = float("nan")  # V_4 of row 1: its own step 4 and everything before it down to the termination
     value[2, 5] = float("nan")
     x = {**x, "done": done, "terminated": term, "value": value, "last_value": lv}
-    adv, vt = check(x, backend)
+    adv, vt = check(algo, x, backend)
     assert torch.isfinite(adv[0]).all() and torch.isfinite(adv[1, :4]).all() and torch.isfinite(adv[3]).all()
     assert adv[1, 4].isnan().all() and adv[2, :6].isnan().all() and torch.isfinite(adv[2, 6:]).all()
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_empty(backend):
+def test_empty(algo, backend):
     for shape in [(3, 0, 1), (0, 5, 1)]:
         x = with_last_value(make_inputs(shape), -2)
-        adv, vt = K.gae(x["reward"], x["value"], None, x["done"], gamma=GAMMA, lmbda=LMBDA,
-                        last_state_value=x["last_value"], backend=backend)
+        adv, vt = call(algo, x, terminated=False, backend=backend)
         assert adv.shape == vt.shape == shape
 
 
+@algos
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_gradients(backend):
+def test_gradients(algo, backend):
     """Gradients with respect to the values and the last value (float64) equal those through the reference."""
     x = with_last_value(make_inputs((3, 11, 1), -2, "random", dtype=torch.float64), -2)
     w = torch.randn(3, 11, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -215,40 +266,38 @@ def test_gradients(backend):
         ((adv * w).sum() + (vt * w * w).sum()).backward()
         return v.grad, lv.grad
 
-    ours = grads(lambda v, lv: K.gae(x["reward"], v, None, x["done"], x["terminated"], gamma=GAMMA, lmbda=LMBDA,
-                                     last_state_value=lv, backend=backend))
-    ref = grads(lambda v, lv: R.gae_ref(x["reward"], v, shifted_next_values(v, lv, -2), x["done"], x["terminated"],
-                                        gamma=GAMMA, lmbda=LMBDA))
+    ours = grads(lambda v, lv: call(algo, x, v, lv, backend=backend))
+    ref = grads(lambda v, lv: reference(algo, x, v, lv))
     assert_close("d/d state_value", ours[0], ref[0])
     assert_close("d/d last_state_value", ours[1], ref[1])
 
 
-def _call(x, **kw):
-    args = dict(gamma=GAMMA, lmbda=LMBDA, last_state_value=x["last_value"], backend="torch")
-    args.update(kw)
-    nv = args.pop("next_state_value", None)
-    return K.gae(x["reward"], x["value"], nv, x["done"], x["terminated"], **args)
-
-
-def test_errors():
+@algos
+def test_errors(algo):
+    fn, _, coefs, first = ALGOS[algo]
     x = with_last_value(make_inputs((3, 5, 1)), -2)
+
+    def bad(nv=None, lv=x["last_value"]):
+        return fn(x, x["value"], nv, lv, x["terminated"], backend="torch", **coefs)
+
     with pytest.raises(InputError, match="next_state_value or last_state_value, not both"):
-        _call(x, next_state_value=x["next_value"])
+        bad(nv=x["next_value"])
     with pytest.raises(TypeError, match="next_state_value must be a floating-point torch.Tensor, got None"):
-        _call(x, last_state_value=None)
+        bad(lv=None)
     with pytest.raises(InputError, match=r"last_state_value has shape \(3, 5, 1\), expected \(3, 1\)"):
-        _call(x, last_state_value=x["value"])
-    with pytest.raises(TypeError, match="last_state_value has dtype torch.float64 but reward has torch.float32"):
-        _call(x, last_state_value=x["last_value"].double())
+        bad(lv=x["value"])
+    with pytest.raises(TypeError, match=f"last_state_value has dtype torch.float64 but {first} has torch.float32"):
+        bad(lv=x["last_value"].double())
     with pytest.raises(TypeError, match="last_state_value must be a torch.Tensor, got list"):
-        _call(x, last_state_value=[[0.0]] * 3)
+        bad(lv=[[0.0]] * 3)
 
 
+@algos
 @pytest.mark.triton
-def test_input_not_mutated():
+def test_input_not_mutated(algo):
     x = with_last_value(make_inputs((3, 7, 1), -2, "random"), -2)
     before = {k: v.clone() for k, v in x.items()}
     for backend in BACKENDS:
-        check(x, backend)
+        check(algo, x, backend)
     for k, v in x.items():
         assert torch.equal(v, before[k]), f"{k} was modified"

@@ -51,6 +51,35 @@ def _vtrace_ref(x, **kw):
     return (adv, vs), h
 
 
+def _last_value(x, time_dim):
+    """The last value the shifted mode is given as ``last_state_value``: ``x``'s ``last_value`` if it holds one,
+    else the last step's ``next_value``."""
+    if "last_value" in x:
+        return x["last_value"]
+    nv = x["next_value"]
+    td = time_dim % nv.dim()
+    return nv.select(td, -1) if nv.shape[td] else nv.new_zeros(nv.shape[:td] + nv.shape[td + 1:])  # (T = 0)
+
+
+def _shifted(x, time_dim):
+    """V(s_(t+1)) as the shifted mode reads it: ``value`` one step on, then the last value."""
+    v, td = x["value"], time_dim % x["value"].dim()
+    if not v.shape[td]:
+        return v
+    return torch.cat([v.narrow(td, 1, v.shape[td] - 1), _last_value(x, time_dim).unsqueeze(td)], dim=td)
+
+
+def _vtrace_shifted(x, time_dim=-2, **kw):
+    return vtrace(x["log_pi"], x["log_mu"], x["value"], None, x["reward"], x["done"], x["terminated"],
+                  time_dim=time_dim, last_state_value=_last_value(x, time_dim), **kw)
+
+
+def _vtrace_shifted_ref(x, time_dim=-2, **kw):
+    adv, vs, h = R.vtrace_ref(x["log_pi"], x["log_mu"], x["value"], _shifted(x, time_dim), x["reward"], x["done"],
+                              x["terminated"], time_dim=time_dim, **kw)
+    return (adv, vs), h
+
+
 def _retrace(ratio_form):
     def weights(x):
         return {"ratio": x["log_ratio"].exp()} if ratio_form else {"log_ratio": x["log_ratio"]}
@@ -87,6 +116,8 @@ def _retrace_discrete(log_form):
 # name -> (call(inputs, **kw), reference(inputs, **kw) -> (outputs, final state), its coefficient names)
 ALGOS = {
     "vtrace": (_vtrace, _vtrace_ref, ("rho_thresh", "c_thresh")),
+    # the shifted input mode (next_state_value=None), its last value the last step's next_value
+    "vtrace_shifted": (_vtrace_shifted, _vtrace_shifted_ref, ("rho_thresh", "c_thresh")),
     "retrace": (*_retrace(ratio_form=False), ("lmbda", "c_bar")),
     "retrace_ratio": (*_retrace(ratio_form=True), ("lmbda", "c_bar")),
     "retrace_discrete": (*_retrace_discrete(log_form=False), ("lmbda", "c_bar")),
@@ -97,7 +128,7 @@ COEFS = {"vtrace": {"rho_thresh": 1.0, "c_thresh": 0.8}, "retrace": {"lmbda": LM
 
 
 def _coefs(algo):
-    return dict(COEFS["vtrace" if algo == "vtrace" else "retrace"])
+    return dict(COEFS["vtrace" if algo.startswith("vtrace") else "retrace"])
 
 
 def run_and_check(algo, x, backend, *, time_dim=-2, dtype=None, **kw):
@@ -123,7 +154,7 @@ LAYOUTS = [
     ((50,), 0, "contig"),
     ((3, 2, 17, 2), -2, "sliced"),
 ]
-SWEPT = ["vtrace", "retrace", "retrace_discrete"]  # the other variants differ only in how the weights are given
+SWEPT = ["vtrace", "vtrace_shifted", "retrace", "retrace_discrete"]  # the other variants differ only in how the weights are given
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -236,6 +267,8 @@ def test_carried_state(algo, backend, split):
     x = make_rollout((3, 40, 2), -2, "random")
     if algo == "vtrace":
         x = _consistent(x)
+    if algo == "vtrace_shifted":  # as the shifted mode's storage is: the next value is the value one step on
+        x = dict(x, next_value=_shifted(x, -2))
     head = {k: v[:, :split] for k, v in x.items()}
     tail = {k: v[:, split:] for k, v in x.items()}
     *tail_out, h_tail = call(tail, backend=backend, output_final_state=True, **kw)
@@ -575,6 +608,8 @@ def test_very_long_sequence(algo, shape, window, dtype, pattern):
     x = make_rollout(shape, -2, pattern, dtype=dtype)
     if algo == "vtrace":
         x = _consistent(x)
+    if algo == "vtrace_shifted":  # as the shifted mode's storage is: the next value is the value one step on
+        x = dict(x, next_value=_shifted(x, -2))
     h0 = _state_for(algo, x, -2, seed=7).to(dtype)
     *out, h = call(x, backend="triton", initial_state=h0, output_final_state=True, **kw)
     out = [o.cpu().double() for o in out]

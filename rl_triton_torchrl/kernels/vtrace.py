@@ -34,11 +34,11 @@ import torch
 
 from ._replay import replayable
 from ._triton import tl, triton
-from ._utils import check_coef, check_inputs, resolve_backend
+from ._utils import check_coef, check_inputs, check_last_value_dtype, check_shifted, resolve_backend
 from .scan import (
-    WARP_LOCAL_T, chunk, empty_state, from_rows_time, launch, load_coef, load_next_step, load_not_flags, load_tile,
-    new_outputs, not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile_enter,
-    state_out, store_state, store_tile, zero_where,
+    WARP_LOCAL_T, chunk, empty_state, from_rows_time, last_step_value, launch, load_coef, load_next_step,
+    load_not_flags, load_tile, new_outputs, next_value_input, next_value_rows, not_flag, row_prologue, rows_state,
+    rows_time, scan_rows, scan_tile_enter, state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["vtrace"]
@@ -56,17 +56,17 @@ _vtrace_coefficients = triton.jit(vtrace_coefficients)
 
 @triton.jit
 def _vtrace_step(
-    lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
+    lpi_ptr, lmu_ptr, r_ptr, v_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
     gamma, rho_thresh, c_thresh, o_o, o_i, o_t, m,
     s_lpi_o, s_lpi_t, s_lpi_i, s_lmu_o, s_lmu_t, s_lmu_i, s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i,
-    s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+    s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
     s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
     s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
     ACC: tl.constexpr, GAMMA_TENSOR: tl.constexpr, RHO_THRESH_TENSOR: tl.constexpr, C_THRESH_TENSOR: tl.constexpr,
     SAME_FLAGS: tl.constexpr, w,
 ):
-    """Loads the steps o_t of a tile (``w``: its window, see ``load_tile``); returns (a, b, rho, reward, value, next
-    value, not terminated, gamma)."""
+    """Loads the steps o_t of a tile (``w``: its window, see ``load_tile``) but the next values; returns (rho, c,
+    reward, value, not done, not terminated, gamma)."""
     b_lpi = load_tile(lpi_ptr, o_o, o_i, o_t, s_lpi_o, s_lpi_t, s_lpi_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
     b_lmu = load_tile(lmu_ptr, o_o, o_i, o_t, s_lmu_o, s_lmu_t, s_lmu_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
     b_ratio = tl.exp(b_lpi - b_lmu)  # [BLOCK_R, BLOCK_T]
@@ -81,11 +81,8 @@ def _vtrace_step(
     b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
     b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
                                    m, ACC, SAME_FLAGS, w)  # [BLOCK_R, BLOCK_T]
-    # V' of a terminated step is never read (nor can a NaN there leak)
-    b_nv = zero_where(load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w), b_nterm == 0)
     b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
-    b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
-    return b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g
+    return b_rho, b_c, b_r, b_v, b_nd, b_nterm, b_g
 
 
 @triton.jit
@@ -101,23 +98,34 @@ def _vtrace_fwd_kernel(
     SAME_FLAGS: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
-    V_IN_TILE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    SHIFTED: tl.constexpr, V_IN_TILE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
+    # SHIFTED: V' is v one step on, and nv holds the last value [*B, *F] (time stride 0), read at t = T - 1 only
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
     # V_IN_TILE: batch-major rows of several chunks, whose next step is the next element (``load_next_step``)
     b_v_after = tl.zeros([BLOCK_R], dtype=ACC)  # [BLOCK_R] v at the first step of the chunk after this one
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
-        b_a, b_b, b_rho, b_r, b_v, b_nv, b_nd, b_nterm, b_g = _vtrace_step(
-            lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
+        b_rho, b_c, b_r, b_v, b_nd, b_nterm, b_g = _vtrace_step(
+            lpi_ptr, lmu_ptr, r_ptr, v_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
             gamma, rho_thresh, c_thresh, o_o, o_i, o_t, m,
             s_lpi_o, s_lpi_t, s_lpi_i, s_lmu_o, s_lmu_t, s_lmu_i, s_r_o, s_r_t, s_r_i, s_v_o, s_v_t, s_v_i,
-            s_nv_o, s_nv_t, s_nv_i, s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
+            s_d_o, s_d_t, s_d_i, s_term_o, s_term_t, s_term_i,
             s_gamma_o, s_gamma_t, s_gamma_i, s_rho_thresh_o, s_rho_thresh_t, s_rho_thresh_i,
             s_c_thresh_o, s_c_thresh_t, s_c_thresh_i,
             ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR, SAME_FLAGS, w,
         )
+        # V_(t+1) [BLOCK_R, BLOCK_T] (0 at t = T - 1)
+        b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
+                                         V_IN_TILE, LOOKBACK)
+        if SHIFTED:
+            b_nv = last_step_value(b_v1, nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_i, m_r, T, ACC)  # [BLOCK_R, BLOCK_T]
+        else:
+            b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
+        # V' of a terminated step is never read (nor can a NaN there leak)
+        b_nv = zero_where(b_nv, b_nterm == 0)
+        b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
         # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t, and the state entering the tile (h of the step after its last column)
         b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         # h_(t+1): the next column (masked columns past T hold the entering state), past the last one the entering
@@ -126,8 +134,6 @@ def _vtrace_fwd_kernel(
         b_h1 = tl.gather(b_hc, tl.broadcast_to(tl.minimum(o_c + 1, BLOCK_T - 1)[None, :], (BLOCK_R, BLOCK_T)), 1)
         b_h1 = tl.where((o_c == BLOCK_T - 1)[None, :], b_enter[:, None], b_h1)  # [BLOCK_R, BLOCK_T]
         # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone
-        b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
-                                         V_IN_TILE, LOOKBACK)
         b_v1 = tl.where(o_t + 1 < T, b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         b_vs1 = tl.where(b_nd > 0.0, b_h1 + b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
@@ -152,6 +158,7 @@ def vtrace(
     time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    last_state_value: torch.Tensor | None = None,
     backend: str = "auto",
 ):
     r"""V-trace advantage and value target :math:`v_s` in one pass.
@@ -162,7 +169,8 @@ def vtrace(
         log_mu (Tensor): ``[*B, T, *F]`` log-probabilities of the taken actions under the behaviour (actor)
             policy.
         state_value (Tensor): ``[*B, T, *F]`` values :math:`V(s_t)`.
-        next_state_value (Tensor): ``[*B, T, *F]`` values of the next observations :math:`V(s_{t+1})`.
+        next_state_value (Tensor or None): ``[*B, T, *F]`` values of the next observations :math:`V(s_{t+1})`;
+            ``None`` with ``last_state_value`` to read them from ``state_value`` one step on (shifted mode).
         reward (Tensor): ``[*B, T, *F]`` rewards.
         done (Tensor): ``[*B, T, *F]`` bool, the trajectory ends after step t (terminated or truncated).
         terminated (Tensor, optional): ``[*B, T, *F]`` bool, the episode terminated at step t (no bootstrap).
@@ -180,6 +188,13 @@ def vtrace(
             zero: the window end bootstraps from ``next_state_value`` like a truncation.
         output_final_state (bool): also return :math:`h_0 = v_{s_0} - V_0` (float32, or float64 for float64
             inputs), the state to pass as ``initial_state`` to the preceding segment. Defaults to ``False``.
+        last_state_value (Tensor, optional): ``[*B, *F]`` value of the observation after the last step,
+            :math:`V(s_T)`, in the inputs' dtype. Given (with ``next_state_value=None``), :math:`V(s_{t+1})` is read
+            from ``state_value`` at step t + 1 for t < T - 1 and from ``last_state_value`` at t = T - 1, with no
+            next-value tensor built or read: the storage of learners that keep the values of T + 1 observations
+            (IMPALA's bootstrap value). After a done step, ``state_value`` at t + 1 belongs to the next episode, so
+            no step that is done may bootstrap: leave ``terminated`` to default to ``done``. Mutually exclusive with
+            ``next_state_value``.
         backend (str): ``"auto"`` (Triton on CUDA, torch elsewhere), ``"triton"`` or ``"torch"``.
 
     Returns:
@@ -195,14 +210,17 @@ def vtrace(
         >>> vs[0, :, 0]
         tensor([1.1184, 0.9376, 0.6065])
     """
+    shifted = check_shifted(next_state_value, last_state_value)
     layout = check_inputs(
         time_dim,
         {"log_pi": log_pi, "log_mu": log_mu, "state_value": state_value, "next_state_value": next_state_value,
          "reward": reward},
         {"done": done, "terminated": terminated},
-        {"initial_state": initial_state},
-        optional=("terminated",),
+        {"initial_state": initial_state, "last_state_value": last_state_value},
+        optional=("terminated", "next_state_value") if shifted else ("terminated",),
     )
+    if shifted:
+        check_last_value_dtype(last_state_value, layout, "log_pi")
     gamma = check_coef("gamma", gamma, layout)
     rho_thresh = check_coef("rho_thresh", rho_thresh, layout, high=None)
     c_thresh = check_coef("c_thresh", c_thresh, layout, high=None)
@@ -211,11 +229,11 @@ def vtrace(
         adv, vs = new_outputs(layout, 2)
         ht = empty_state(layout, initial_state)
     elif (path := resolve_backend(backend, layout.device, log_pi, log_mu, state_value, next_state_value, reward,
-                                  gamma, rho_thresh, c_thresh, initial_state)) != "triton":
+                                  gamma, rho_thresh, c_thresh, initial_state, last_state_value)) != "triton":
         ratio = torch.exp(rows_time(log_pi, layout) - rows_time(log_mu, layout))
         rho = ratio.clamp_max(rows_time(rho_thresh, layout))
-        r, v, nv = rows_time(reward, layout), rows_time(state_value, layout), rows_time_unless(next_state_value,
-                                                                                              terminated, layout)
+        r, v = rows_time(reward, layout), rows_time(state_value, layout)
+        nv = next_value_rows(v, next_state_value, last_state_value, terminated, layout)
         nd, nterm, g = not_flag(done, layout), not_flag(terminated, layout), rows_time(gamma, layout)
         b_a, b_b = vtrace_coefficients(r, v, nv, nd, nterm, g, rho, ratio.clamp_max(rows_time(c_thresh, layout)))
         h0 = rows_state(initial_state)
@@ -230,11 +248,12 @@ def vtrace(
         adv, vs = new_outputs(layout, 2)
         ht = launch(
             _vtrace_fwd_kernel, layout,
-            inputs={"lpi": log_pi, "lmu": log_mu, "r": reward, "v": state_value, "nv": next_state_value, "d": done,
+            inputs={"lpi": log_pi, "lmu": log_mu, "r": reward, "v": state_value,
+                    "nv": next_value_input(next_state_value, last_state_value, layout), "d": done,
                     "term": terminated},
             coefs={"gamma": gamma, "rho_thresh": rho_thresh, "c_thresh": c_thresh},
             outputs={"adv": adv, "vs": vs},
-            initial_state=initial_state, output_final_state=output_final_state,
+            initial_state=initial_state, output_final_state=output_final_state, SHIFTED=shifted,
             V_IN_TILE=layout.inner == 1 and layout.T > WARP_LOCAL_T.value,
         )
     return (adv, vs, ht) if output_final_state else (adv, vs)
