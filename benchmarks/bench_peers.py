@@ -62,9 +62,9 @@ Mapping our inputs onto rl-triton's API (``[num_envs, T]`` tensors, float flags,
 T + 1 observations; ``next_state_value[t] = V[t + 1]`` inside an episode and the true final observation's value at a
 done step), terminations and truncations are exclusive, and rl-triton gets ``terminateds``, ``truncateds`` and
 ``bootstrap_values`` = the next value at truncated steps and at the window's last step (``last_value`` without
-truncations). Per algorithm: GAE without truncations runs ours in its shifted input mode (``last_state_value`` =
-``next_state_value[:, -1]``; V(s_(t+1)) read from ``v`` one step on, the same bytes as rl-triton reads; a done step
-reads no next value there); V-trace's two outputs come in the other order; Retrace compares the targets only (the
+truncations). Per algorithm: GAE and V-trace without truncations run ours in its shifted input mode
+(``last_state_value`` = ``next_state_value[:, -1]``; V(s_(t+1)) read from ``v`` one step on, the same bytes as
+rl-triton reads; a done step reads no next value there); V-trace's two outputs come in the other order; Retrace compares the targets only (the
 advantages are defined differently) and rl-triton takes E_pi Q(s'_t) with pi(.|s_t), so ours gets a copy of ``pi``
 as ``next_pi``; the discounted return with truncations is ours with ``next_state_value`` and ``terminated`` (TD(1),
 bootstrapping at truncations and the window end, as rl-triton's truncation path does); eligibility traces and
@@ -370,6 +370,10 @@ def make_ours(algo: str, x: dict, backend: str = BACKEND):
         return (lambda: K.td_lambda_return(r, nv, d, t, gamma=GAMMA, lmbda=LMBDA, **kw)), [r, nv, *flags]
     if algo == "vtrace":
         lpi, lmu = x["lpi"], x["lmu"]
+        if t is None:  # no truncations: V(s_(t+1)) read from v one step on, as rl-triton reads it (as GAE above)
+            lv = nv[:, -1].contiguous()
+            return ((lambda: K.vtrace(lpi, lmu, v, None, r, d, gamma=GAMMA, last_state_value=lv, **kw)),
+                    [lpi, lmu, v, lv, r, d])
         return (lambda: K.vtrace(lpi, lmu, v, nv, r, d, t, gamma=GAMMA, **kw)), [lpi, lmu, v, nv, r, *flags]
     if algo == "discounted_return":
         if t is None:

@@ -25,14 +25,23 @@ from bench_kernels import ALGOS, GAMMA, LMBDA, Algorithm, _tuple, as_float64, ch
 from rl_triton_torchrl import kernels as K
 from rl_triton_torchrl.kernels import scan
 
-# Algorithms the sweep takes besides bench_kernels' ALGOS: GAE in its shifted input mode (V(s_(t+1)) read from the
-# values one step on, the last from ``last_state_value``: how bench_peers.py runs GAE without truncations; no
-# terminated flag, as that mode wants).
+# Algorithms the sweep takes besides bench_kernels' ALGOS: GAE and V-trace in their shifted input mode (V(s_(t+1))
+# read from the values one step on, the last from ``last_state_value``: how bench_peers.py runs them without
+# truncations; no terminated flag, as that mode wants).
 EXTRA_ALGOS = {
     "gae_shifted": Algorithm(
         lambda x, be: K.gae(x["r"], x["v"], None, x["d"], gamma=GAMMA, lmbda=LMBDA,
                             last_state_value=x["nv"][:, -1].contiguous(), backend=be),
         floats=2, outputs=2, has_terminated=False),
+    # V-trace without a terminated flag, with its next values (how bench_peers.py ran V-trace without truncations
+    # until it had a shifted mode) and in that mode: the same numbers where every done step terminates
+    "vtrace_no_term": Algorithm(
+        lambda x, be: K.vtrace(x["lpi"], x["lmu"], x["v"], x["nv"], x["r"], x["d"], gamma=GAMMA, backend=be),
+        floats=5, outputs=2, has_terminated=False),
+    "vtrace_shifted": Algorithm(
+        lambda x, be: K.vtrace(x["lpi"], x["lmu"], x["v"], None, x["r"], x["d"], gamma=GAMMA,
+                               last_state_value=x["nv"][:, -1].contiguous(), backend=be),
+        floats=4, outputs=2, has_terminated=False),
 }
 SWEPT_ALGOS = {**ALGOS, **EXTRA_ALGOS}
 
