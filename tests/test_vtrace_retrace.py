@@ -69,9 +69,9 @@ def _shifted(x, time_dim):
     return torch.cat([v.narrow(td, 1, v.shape[td] - 1), _last_value(x, time_dim).unsqueeze(td)], dim=td)
 
 
-def _vtrace_shifted(x, time_dim=-2, **kw):
+def _vtrace_shifted(x, time_dim=None, **kw):
     return vtrace(x["log_pi"], x["log_mu"], x["value"], None, x["reward"], x["done"], x["terminated"],
-                  time_dim=time_dim, last_state_value=_last_value(x, time_dim), **kw)
+                  time_dim=time_dim, last_state_value=_last_value(x, -2 if time_dim is None else time_dim), **kw)
 
 
 def _vtrace_shifted_ref(x, time_dim=-2, **kw):
