@@ -5,6 +5,7 @@
     python tools/sass_sm90.py --algorithms retrace,retrace_discrete            # also the discrete-action form
     python tools/sass_sm90.py --algorithms gae --shapes 65536x24 --time-major --tiles 16x32,512x1  # rsl_rl's storage
     python tools/sass_sm90.py --algorithms gae,gae_shifted --shapes 65536x24   # GAE's two input modes
+    python tools/sass_sm90.py --algorithms vtrace,vtrace_shifted --shapes 512x512   # V-trace's
     python tools/sass_sm90.py --algorithms discounted_return --shapes 65536x2047 --no-windows  # no aligned windows
 
 Each algorithm is called on CPU tensors of the given ``[B, T, 1]`` shapes; each kernel launch is compiled instead
@@ -118,6 +119,8 @@ def main(argv=None) -> int:
                 _retrace_discrete(x)
             elif algo == "gae_shifted":  # GAE's last_state_value mode (rsl_rl's storage reads it)
                 _gae_shifted(x)
+            elif algo == "vtrace_shifted":  # V-trace's (bench_peers' V-trace without truncations)
+                _vtrace_shifted(x)
             else:
                 bench_kernels.ALGOS[algo].call(x, "triton")
             for name, grid, kw, kernel in compiled[n:]:
@@ -142,6 +145,14 @@ def _gae_shifted(x):
 
     gae(x["r"], x["v"], None, x["d"], x["t"], gamma=0.99, lmbda=0.95, last_state_value=x["nv"][:, -1],
         backend="triton")
+
+
+def _vtrace_shifted(x):
+    """V-trace on the rollout ``x`` in its shifted input mode, without a terminated flag (as that mode wants)."""
+    from rl_triton_torchrl.kernels import vtrace
+
+    vtrace(x["lpi"], x["lmu"], x["v"], None, x["r"], x["d"], gamma=0.99, last_state_value=x["nv"][:, -1],
+           backend="triton")
 
 
 def _retrace_discrete(x, n_actions: int = 4):

@@ -464,7 +464,7 @@ def next_column(b_x, b_last):
 
 @triton.jit
 def load_next_step(base, b_x, b_x_after, o_o, o_i, o_t, s_o, s_t, s_i, m, T, ACC: tl.constexpr,
-                   IN_TILE: tl.constexpr, LOOKBACK: tl.constexpr):
+                   IN_TILE: tl.constexpr, LOOKBACK: tl.constexpr, OWN_LOAD: tl.constexpr = False):
     """A reverse scan's tile ``b_x`` one step on along time [BLOCK_R, BLOCK_T] (0 at t = T - 1), and the
     ``b_x_after`` [BLOCK_R] of the next chunk in scan order (the chunk before this one in time).
 
@@ -477,10 +477,19 @@ def load_next_step(base, b_x, b_x_after, o_o, o_i, o_t, s_o, s_t, s_i, m, T, ACC
     sm_90 SASS of GAE at 16384 x 64, 344 -> 504 instructions). In rows of several chunks, sm_90 SASS at 65536 x 2048:
     GAE's shifted mode 528 -> 424 instructions, V-trace 672 -> 512; H200, 4096 x 512: GAE 10.0 -> 7.9 µs, V-trace
     20.4 -> 19.0 (benchmarks/results/h200/bench_peers_vtrace_fbd8185.md).
+
+    ``OWN_LOAD``: in tiles whose rows span several warps, the second load in a form of its own (the tile's pointers
+    off ``base`` one step on), which the compiler does not merge with another ``load_next_step`` of the tile.
+    V-trace's shifted mode reads the values one step on both before its scan and after its gather (through shared
+    memory in such tiles): one load serving both drew the tile's arithmetic into the gather's layout (sm_90 at
+    512 x 512, one row per program: 64 -> 163 registers, 13 -> 39 barriers, 80 and 13 with its own load; H100
+    512 x 2048 17.7 -> 35 µs, benchmarks/results/h100/bench_peers_vtrace_7bee9fb.md).
     """
     if IN_TILE and (not LOOKBACK) and b_x.shape[1] == WARP_LOCAL_T:
         b_next = next_column(b_x, b_x_after)
         b_x_after = edge_column(b_x, True)
+    elif OWN_LOAD and b_x.shape[1] > WARP_LOCAL_T:
+        b_next = load_tile(base + s_t, o_o, o_i, o_t, s_o, s_t, s_i, m & (o_t + 1 < T), ACC)
     else:
         b_next = load_tile(base, o_o, o_i, o_t + 1, s_o, s_t, s_i, m & (o_t + 1 < T), ACC)
     return b_next, b_x_after

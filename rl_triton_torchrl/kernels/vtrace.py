@@ -117,13 +117,13 @@ def _vtrace_fwd_kernel(
             ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR, SAME_FLAGS, w,
         )
         if SHIFTED:  # V'_t = V_(t+1), the last value at t = T - 1 [BLOCK_R, BLOCK_T]
-            b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
-                                             V_IN_TILE, LOOKBACK)
-            b_nv1 = last_step_value(b_v1, nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_i, m_r, T, ACC)
+            b_nv, _ = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
+                                     V_IN_TILE, LOOKBACK, True)
+            b_nv = last_step_value(b_nv, nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_i, m_r, T, ACC)
         else:
-            b_nv1 = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
+            b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         # V' of a terminated step is never read (nor can a NaN there leak)
-        b_nv = zero_where(b_nv1, b_nterm == 0)
+        b_nv = zero_where(b_nv, b_nterm == 0)
         b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
         # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t, and the state entering the tile (h of the step after its last column)
         b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
@@ -133,13 +133,9 @@ def _vtrace_fwd_kernel(
         b_h1 = tl.gather(b_hc, tl.broadcast_to(tl.minimum(o_c + 1, BLOCK_T - 1)[None, :], (BLOCK_R, BLOCK_T)), 1)
         b_h1 = tl.where((o_c == BLOCK_T - 1)[None, :], b_enter[:, None], b_h1)  # [BLOCK_R, BLOCK_T]
         # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone. V_(t+1)
-        # read after the scan where it is not V' (a tile fewer live through the scan: 512 x 2048 17.7 -> 39.4 µs
-        # on an H100 read before it, bench_peers_efd16fd.md)
-        if SHIFTED:
-            b_v1 = b_nv1
-        else:
-            b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
-                                             V_IN_TILE, LOOKBACK)
+        # read here in either mode, in the shifted one a second time (``load_next_step``'s ``OWN_LOAD``)
+        b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
+                                         V_IN_TILE, LOOKBACK)
         b_v1 = tl.where(o_t + 1 < T, b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         b_vs1 = tl.where(b_nd > 0.0, b_h1 + b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
