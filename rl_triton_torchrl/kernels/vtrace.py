@@ -117,9 +117,9 @@ def _vtrace_fwd_kernel(
             ACC, GAMMA_TENSOR, RHO_THRESH_TENSOR, C_THRESH_TENSOR, SAME_FLAGS, w,
         )
         if SHIFTED:  # V'_t = V_(t+1), the last value at t = T - 1 [BLOCK_R, BLOCK_T]
-            b_nv, _ = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
-                                     V_IN_TILE, LOOKBACK, True)
-            b_nv = last_step_value(b_nv, nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_i, m_r, T, ACC)
+            b_v1, b_v_after1 = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
+                                              V_IN_TILE, LOOKBACK, True)
+            b_nv = last_step_value(b_v1, nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_i, m_r, T, ACC)
         else:
             b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         # V' of a terminated step is never read (nor can a NaN there leak)
@@ -132,10 +132,15 @@ def _vtrace_fwd_kernel(
         o_c = tl.arange(0, BLOCK_T)
         b_h1 = tl.gather(b_hc, tl.broadcast_to(tl.minimum(o_c + 1, BLOCK_T - 1)[None, :], (BLOCK_R, BLOCK_T)), 1)
         b_h1 = tl.where((o_c == BLOCK_T - 1)[None, :], b_enter[:, None], b_h1)  # [BLOCK_R, BLOCK_T]
-        # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone. V_(t+1)
-        # read here in either mode, in the shifted one a second time (``load_next_step``'s ``OWN_LOAD``)
-        b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
-                                         V_IN_TILE, LOOKBACK)
+        # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone. The
+        # shifted mode has V_(t+1) from before the scan, but in tiles whose rows span several warps, where it reads
+        # it again (``load_next_step``'s ``OWN_LOAD``). H100, bench_peers_vtrace_*.md: read again in the 4 x 128
+        # look-back chunks 512 x 4096 32.6 -> 37.7 µs; not read again in the wide tiles 512 x 2048 16.0 -> 35.3 µs.
+        if SHIFTED and BLOCK_T <= WARP_LOCAL_T:
+            b_v_after = b_v_after1
+        else:
+            b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
+                                             V_IN_TILE, LOOKBACK)
         b_v1 = tl.where(o_t + 1 < T, b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         b_vs1 = tl.where(b_nd > 0.0, b_h1 + b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
         _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
