@@ -37,7 +37,7 @@ fi
 # 2500 tests: more than 265 s at 14 workers on the H200), kerneltests1 and kerneltests2 each about half of them
 KTESTS_1="tests/test_launch_modes.py tests/test_algorithms.py tests/test_scan.py tests/test_autograd.py"
 KTESTS_2="tests/test_vtrace_retrace.py tests/test_traces_prefix.py tests/test_nonfinite.py tests/test_determinism.py
-  tests/test_normalize.py tests/test_gae_shifted.py"
+  tests/test_normalize.py tests/test_shifted.py"
 for step in kerneltests kerneltests1 kerneltests2; do
   if has $step; then
     case $step in kerneltests) files="$KTESTS_1 $KTESTS_2" ;; kerneltests1) files=$KTESTS_1 ;; *) files=$KTESTS_2 ;; esac
@@ -50,12 +50,12 @@ done
 if has lean0; then  # the kernel test files once more with the lean launcher and launch plans switched off
   RL_TRITON_TORCHRL_LEAN_LAUNCH=0 timeout ${LEAN0_TIMEOUT:-200} python -m pytest tests/test_algorithms.py \
     tests/test_vtrace_retrace.py tests/test_traces_prefix.py tests/test_scan.py tests/test_launch_modes.py \
-    tests/test_launch_config.py tests/test_gae_shifted.py tests/test_nonfinite.py -q -n 14 -p no:cacheprovider \
+    tests/test_launch_config.py tests/test_shifted.py tests/test_nonfinite.py -q -n 14 -p no:cacheprovider \
     > "$R/pytest_lean0_cuda.log" 2>&1
   grep -E "(FAILED|ERROR) " "$R/pytest_lean0_cuda.log" | head -20; tail -1 "$R/pytest_lean0_cuda.log"
 fi
 if has rslrl_tests; then  # needs rsl-rl-lib (carried as wheels)
-  timeout 150 python -m pytest tests/test_rsl_rl.py tests/test_gae_shifted.py tests/test_gpu_envs.py tests/test_normalize.py \
+  timeout 150 python -m pytest tests/test_rsl_rl.py tests/test_shifted.py tests/test_gpu_envs.py tests/test_normalize.py \
     -q -n 8 -p no:cacheprovider > "$R/pytest_rsl_rl_cuda.log" 2>&1
   grep -E "(FAILED|ERROR) " "$R/pytest_rsl_rl_cuda.log" | head -20; tail -1 "$R/pytest_rsl_rl_cuda.log"
 fi

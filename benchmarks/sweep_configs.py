@@ -27,11 +27,13 @@ from rl_triton_torchrl.kernels import scan
 
 # Algorithms the sweep takes besides bench_kernels' ALGOS: GAE and V-trace in their shifted input mode (V(s_(t+1))
 # read from the values one step on, the last from ``last_state_value``: how bench_peers.py runs them without
-# truncations; no terminated flag, as that mode wants).
+# truncations; no terminated flag, as that mode wants). The last value is a strided view, which the kernels read as
+# it is: until cf3cdde it was ``.contiguous()``, a copy kernel inside every timed call (results/h200/
+# sweep_peer_small.md's and results/h100/sweep_vtrace_shifted_7bee9fb.md's shifted rows include it).
 EXTRA_ALGOS = {
     "gae_shifted": Algorithm(
         lambda x, be: K.gae(x["r"], x["v"], None, x["d"], gamma=GAMMA, lmbda=LMBDA,
-                            last_state_value=x["nv"][:, -1].contiguous(), backend=be),
+                            last_state_value=x["nv"][:, -1], backend=be),
         floats=2, outputs=2, has_terminated=False),
     # V-trace without a terminated flag, with its next values (how bench_peers.py ran V-trace without truncations
     # until it had a shifted mode) and in that mode: the same numbers where every done step terminates
@@ -40,7 +42,7 @@ EXTRA_ALGOS = {
         floats=5, outputs=2, has_terminated=False),
     "vtrace_shifted": Algorithm(
         lambda x, be: K.vtrace(x["lpi"], x["lmu"], x["v"], None, x["r"], x["d"], gamma=GAMMA,
-                               last_state_value=x["nv"][:, -1].contiguous(), backend=be),
+                               last_state_value=x["nv"][:, -1], backend=be),
         floats=4, outputs=2, has_terminated=False),
 }
 SWEPT_ALGOS = {**ALGOS, **EXTRA_ALGOS}
