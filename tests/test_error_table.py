@@ -141,6 +141,10 @@ CASES = {
     "state-shape": (lambda b: _gae(b, initial_state=_x((2, 5))), BACKENDS),
     "state-dtype": (lambda b: _gae(b, initial_state=_x((2, 1)).long()), BACKENDS),
     "state-device": (lambda b: _gae(b, initial_state=_x((2, 1), device="meta")), BACKENDS),
+    "shifted-both": (lambda b: _gae(b, last_state_value=_x((2, 1))), BACKENDS),
+    "shifted-missing": (lambda b: _gae(b, next_state_value=None), BACKENDS),
+    "last-value-dtype": (lambda b: K.vtrace(_x(), _x(), _x(), None, _x(), _d(), gamma=0.9, backend=b,
+                                            last_state_value=_x((2, 1), dtype=torch.float64)), BACKENDS),
     "td-flags": (lambda b: K.td_lambda_return(_x(), _x(), None, None, gamma=0.9, lmbda=0.9, backend=b), BACKENDS),
     "reset": (lambda b: K.episodic_prefix_sum(_x(), _d(), reset="end", backend=b), BACKENDS),
     # coefficients
