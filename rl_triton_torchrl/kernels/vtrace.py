@@ -134,8 +134,9 @@ def _vtrace_fwd_kernel(
         b_h1 = tl.where((o_c == BLOCK_T - 1)[None, :], b_enter[:, None], b_h1)  # [BLOCK_R, BLOCK_T]
         # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone. The
         # shifted mode has V_(t+1) from before the scan, but in tiles whose rows span several warps, where it reads
-        # it again (``load_next_step``'s ``OWN_LOAD``). H100, bench_peers_vtrace_*.md: read again in the 4 x 128
-        # look-back chunks 512 x 4096 32.6 -> 37.7 µs; not read again in the wide tiles 512 x 2048 16.0 -> 35.3 µs.
+        # it again (``load_next_step``'s ``OWN_LOAD``). H100 (results/h100/bench_peers_vtrace_*.md): reading it
+        # again cost the 4 x 128 look-back chunks 512 x 4096 32.6 -> 37.7 µs; not reading it again cost the wide
+        # tiles 512 x 2048 16.0 -> 35.3 µs.
         if SHIFTED and BLOCK_T <= WARP_LOCAL_T:
             b_v_after = b_v_after1
         else:
