@@ -28,7 +28,7 @@ from rl_triton_torchrl.kernels import scan
 # Algorithms the sweep takes besides bench_kernels' ALGOS: GAE and V-trace in their shifted input mode (V(s_(t+1))
 # read from the values one step on, the last from ``last_state_value``: how bench_peers.py runs them without
 # truncations; no terminated flag, as that mode wants). The last value is a strided view, which the kernels read as
-# it is: until cf3cdde it was ``.contiguous()``, a copy kernel inside every timed call (results/h200/
+# it is: before 35a9fc4 it was ``.contiguous()``, a copy kernel inside every timed call (results/h200/
 # sweep_peer_small.md's and results/h100/sweep_vtrace_shifted_7bee9fb.md's shifted rows include it).
 EXTRA_ALGOS = {
     "gae_shifted": Algorithm(
