@@ -23,7 +23,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from rl_triton_torchrl.kernels import _aot, _launcher  # noqa: E402
+from rl_triton_torchrl.kernels import _aot, _launcher, precompile  # noqa: E402
 from test_launcher import SPECIALIZATIONS, _Compiled, _args, _axpy, _triton_specialization  # noqa: E402
 
 pytestmark = pytest.mark.triton
@@ -285,6 +285,15 @@ def test_precompile_writes_each_variant_once(tmp_path):
         assert meta["num_warps"] >= 1 and all(fmt in "Qifb" for _, fmt in meta["params"])
     assert "0 kernel variants written" in _precompile(tmp_path, "--shapes", "64x24", "--algorithms",
                                                        "discounted_return,eligibility_traces")
+
+
+def test_precompile_forms_are_variants_of_their_own(tmp_path):
+    """Each call form ``precompile.FORMS`` lists for GAE and V-trace (next values with ``terminated``, with ``done``
+    alone, and the shifted input mode) compiles a kernel variant of its own: none is redundant, and a bundle holds
+    the shifted modes' launches."""
+    _precompile(tmp_path, "--shapes", "64x24", "--layouts", "batch", "--coefficients", "float", "--algorithms",
+                "gae,vtrace")
+    assert len(list(tmp_path.rglob("*.json"))) == len(precompile.FORMS["gae"]) + len(precompile.FORMS["vtrace"])
 
 
 _MODULES_CHILD = r"""

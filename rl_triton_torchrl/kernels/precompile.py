@@ -76,6 +76,8 @@ FORMS = {
         "terminated": lambda x, kw: K.vtrace(x["lpi"], x["lmu"], x["v"], x["nv"], x["r"], x["done"], x["term"],
                                              gamma=x["gamma"], **kw),
         "done": lambda x, kw: K.vtrace(x["lpi"], x["lmu"], x["v"], x["nv"], x["r"], x["done"], gamma=x["gamma"], **kw),
+        "last_state_value": lambda x, kw: K.vtrace(x["lpi"], x["lmu"], x["v"], None, x["r"], x["done"],
+                                                   gamma=x["gamma"], last_state_value=x["lv"], **kw),
     },
     "retrace": {
         "terminated": lambda x, kw: K.retrace(x["v"], x["nv"], x["r"], x["done"], x["term"], ratio=x["mu"],
