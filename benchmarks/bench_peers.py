@@ -64,11 +64,12 @@ done step), terminations and truncations are exclusive, and rl-triton gets ``ter
 ``bootstrap_values`` = the next value at truncated steps and at the window's last step (``last_value`` without
 truncations). Per algorithm: GAE and V-trace without truncations run ours in its shifted input mode
 (``last_state_value`` = ``next_state_value[:, -1]``; V(s_(t+1)) read from ``v`` one step on, the same bytes as
-rl-triton reads; a done step reads no next value there); V-trace's two outputs come in the other order; Retrace compares the targets only (the
-advantages are defined differently) and rl-triton takes E_pi Q(s'_t) with pi(.|s_t), so ours gets a copy of ``pi``
-as ``next_pi``; the discounted return with truncations is ours with ``next_state_value`` and ``terminated`` (TD(1),
-bootstrapping at truncations and the window end, as rl-triton's truncation path does); eligibility traces and
-prefix sums take no terminated flag (one row per shape, truncation ``n/a``). ``--check-mapping`` checks the mapping
+rl-triton reads; a done step reads no next value there); V-trace's two outputs come in the other order; Retrace
+compares the targets only (the advantages are defined differently) and rl-triton takes E_pi Q(s'_t) with
+pi(.|s_t), so ours gets a copy of ``pi`` as ``next_pi``; the discounted return with truncations is ours with
+``next_state_value`` and ``terminated`` (TD(1), bootstrapping at truncations and the window end, as rl-triton's
+truncation path does); eligibility traces and prefix sums take no terminated flag (one row per shape, truncation
+``n/a``). ``--check-mapping`` checks the mapping
 on the CPU against rl-triton's own pure-torch references in its ``tests/`` (``$RL_TRITON_TESTS``, else
 ``rl_triton_tests`` beside ``$RL_TRITON_SRC``, else ``$RL_TRITON_SRC/../tests``), imported at run time.
 

@@ -154,7 +154,8 @@ LAYOUTS = [
     ((50,), 0, "contig"),
     ((3, 2, 17, 2), -2, "sliced"),
 ]
-SWEPT = ["vtrace", "vtrace_shifted", "retrace", "retrace_discrete"]  # the other variants differ only in how the weights are given
+# the other variants differ only in how the weights are given
+SWEPT = ["vtrace", "vtrace_shifted", "retrace", "retrace_discrete"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -244,8 +245,14 @@ def test_initial_state(algo, backend, T):
     run_and_check(algo, x, backend, initial_state=_state_for(algo, x, -2, seed=5))
 
 
-def _consistent(x):
-    """The rollout made self-consistent: V'_t = V_(t+1) wherever step t is not done (a collector's data)."""
+def _consistent(x, algo="vtrace"):
+    """The rollout made self-consistent for V-trace's carried state: V'_t = V_(t+1) wherever step t is not done (a
+    collector's data); for the shifted mode everywhere, as its storage is (the next value is the value one step on).
+    Other algorithms' rollouts as they are."""
+    if algo == "vtrace_shifted":
+        return dict(x, next_value=_shifted(x, -2))
+    if algo != "vtrace":
+        return x
     x = dict(x)
     v, nv, d = x["value"], x["next_value"].clone(), x["done"]
     nv[:, :-1] = torch.where(d[:, :-1], nv[:, :-1], v[:, 1:])
@@ -265,10 +272,7 @@ def test_carried_state(algo, backend, split):
     call, ref, _ = ALGOS[algo]
     kw = {"gamma": GAMMA, **_coefs(algo)}
     x = make_rollout((3, 40, 2), -2, "random")
-    if algo == "vtrace":
-        x = _consistent(x)
-    if algo == "vtrace_shifted":  # as the shifted mode's storage is: the next value is the value one step on
-        x = dict(x, next_value=_shifted(x, -2))
+    x = _consistent(x, algo)
     head = {k: v[:, :split] for k, v in x.items()}
     tail = {k: v[:, split:] for k, v in x.items()}
     *tail_out, h_tail = call(tail, backend=backend, output_final_state=True, **kw)
@@ -606,10 +610,7 @@ def test_very_long_sequence(algo, shape, window, dtype, pattern):
     call, ref, _ = ALGOS[algo]
     kw = {"gamma": GAMMA, **_coefs(algo)}
     x = make_rollout(shape, -2, pattern, dtype=dtype)
-    if algo == "vtrace":
-        x = _consistent(x)
-    if algo == "vtrace_shifted":  # as the shifted mode's storage is: the next value is the value one step on
-        x = dict(x, next_value=_shifted(x, -2))
+    x = _consistent(x, algo)
     h0 = _state_for(algo, x, -2, seed=7).to(dtype)
     *out, h = call(x, backend="triton", initial_state=h0, output_final_state=True, **kw)
     out = [o.cpu().double() for o in out]
