@@ -66,7 +66,11 @@ truncations). Per algorithm: GAE and V-trace without truncations run ours in its
 (``last_state_value`` = ``next_state_value[:, -1]``; V(s_(t+1)) read from ``v`` one step on, the same bytes as
 rl-triton reads; a done step reads no next value there); V-trace's two outputs come in the other order; Retrace
 compares the targets only (the advantages are defined differently) and rl-triton takes E_pi Q(s'_t) with
-pi(.|s_t), so ours gets a copy of ``pi`` as ``next_pi``; the discounted return with truncations is ours with
+pi(.|s_t), so each row's ``pi`` is the same at every step (the two definitions agree) and ours gets a copy of it as
+``next_pi``; its Q values are consistent as the values are (``next_q[t] = q[t + 1]`` inside an episode), and without
+truncations ours runs in its shifted input mode (``last_pi``, ``last_q_values`` = ``next_pi[:, -1]``,
+``next_q[:, -1]``; the next step's probabilities and Q values read from ``pi`` and ``q`` one step on: two per-action
+tensors, as rl-triton reads ``pi`` and ``next_q``); the discounted return with truncations is ours with
 ``next_state_value`` and ``terminated`` (TD(1), bootstrapping at truncations and the window end, as rl-triton's
 truncation path does); eligibility traces and prefix sums take no terminated flag (one row per shape, truncation
 ``n/a``). ``--check-mapping`` checks the mapping
@@ -331,11 +335,12 @@ def rollout(B, T, seed=0, fields=ALL_FIELDS, device=None, A=ACTIONS) -> dict:
     if fields & VTRACE_FIELDS:
         x["lpi"] = -torch.rand(B, T, generator=g, device=device)
         x["lmu"] = -torch.rand(B, T, generator=g, device=device)
-    if fields & RETRACE_FIELDS:
-        x["pi"] = torch.softmax(torch.randn(B, T, A, generator=g, device=device), dim=-1)
-        x["next_pi"] = x["pi"].clone()  # rl-triton takes E_pi Q(s'_t, .) with pi(.|s_t): see the module docstring
-        x["q"] = torch.randn(B, T, A, generator=g, device=device)
-        x["next_q"] = torch.randn(B, T, A, generator=g, device=device)
+    if fields & RETRACE_FIELDS:  # pi the same at every step of a row: rl-triton takes E_pi Q(s'_t, .) with pi(.|s_t)
+        x["pi"] = torch.softmax(torch.randn(B, 1, A, generator=g, device=device), dim=-1).expand(B, T, A).contiguous()
+        x["next_pi"] = x["pi"].clone()
+        Q = torch.randn(B, T + 1, A, generator=g, device=device)  # the Q values of T + 1 observations
+        x["q"] = Q[:, :T].contiguous()
+        x["next_q"] = torch.where(done[..., None], torch.randn(B, T, A, generator=g, device=device), Q[:, 1:])
         x["action"] = torch.randint(0, A, (B, T), generator=g, device=device)
         x["mu"] = torch.rand(B, T, generator=g, device=device) * 0.8 + 0.1
     return x
@@ -387,9 +392,12 @@ def make_ours(algo: str, x: dict, backend: str = BACKEND):
         return (lambda: K.episodic_prefix_sum(r, d, reset="after_done", **kw)), [r, d]
     if algo == "retrace_discrete":
         pi, npi, q, nq, a, mu = (x[k] for k in ("pi", "next_pi", "q", "next_q", "action", "mu"))
-        return ((lambda: K.retrace_discrete(pi, a, q, npi, nq, r, d, t, behavior_prob=mu, gamma=GAMMA, lmbda=LMBDA,
-                                            time_dim=-2, backend=backend)),
-                [pi, a, q, npi, nq, r, mu, *flags])
+        kw = dict(behavior_prob=mu, gamma=GAMMA, lmbda=LMBDA, time_dim=-2, backend=backend)  # [B, T, A] inputs
+        if t is None:  # no truncations: the next step's pi and Q read from pi and q one step on (as GAE above)
+            lpi, lq = npi[:, -1].contiguous(), nq[:, -1].contiguous()
+            return ((lambda: K.retrace_discrete(pi, a, q, None, None, r, d, last_pi=lpi, last_q_values=lq, **kw)),
+                    [pi, a, q, lpi, lq, r, mu, d])
+        return (lambda: K.retrace_discrete(pi, a, q, npi, nq, r, d, t, **kw)), [pi, a, q, npi, nq, r, mu, *flags]
     raise KeyError(algo)
 
 

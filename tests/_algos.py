@@ -29,7 +29,7 @@ def _table() -> dict:
 TABLE = _table()
 # inputs read per step ([*B, T, *F]) and per action ([*B, T, A]); the rest of a rollout is per step too
 PER_ACTION = ("pi", "next_pi", "q_values", "next_q_values")
-DISCRETE = ("retrace_discrete", "retrace_discrete_log")
+DISCRETE = ("retrace_discrete", "retrace_discrete_log", "retrace_discrete_shifted")
 
 
 def as_tuple(out) -> tuple:

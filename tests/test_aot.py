@@ -288,12 +288,13 @@ def test_precompile_writes_each_variant_once(tmp_path):
 
 
 def test_precompile_forms_are_variants_of_their_own(tmp_path):
-    """Each call form ``precompile.FORMS`` lists for GAE and V-trace (next values with ``terminated``, with ``done``
-    alone, and the shifted input mode) compiles a kernel variant of its own: none is redundant, and a bundle holds
-    the shifted modes' launches."""
+    """Each call form ``precompile.FORMS`` lists for GAE, V-trace and retrace_discrete (next values with
+    ``terminated``, with ``done`` alone, and the shifted input mode) compiles a kernel variant of its own: none is
+    redundant, and a bundle holds the shifted modes' launches."""
+    algorithms = ("gae", "vtrace", "retrace_discrete")
     _precompile(tmp_path, "--shapes", "64x24", "--layouts", "batch", "--coefficients", "float", "--algorithms",
-                "gae,vtrace")
-    assert len(list(tmp_path.rglob("*.json"))) == len(precompile.FORMS["gae"]) + len(precompile.FORMS["vtrace"])
+                ",".join(algorithms))
+    assert len(list(tmp_path.rglob("*.json"))) == sum(len(precompile.FORMS[a]) for a in algorithms)
 
 
 _MODULES_CHILD = r"""

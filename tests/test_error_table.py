@@ -145,6 +145,7 @@ CASES = {
     "shifted-missing": (lambda b: _gae(b, next_state_value=None), BACKENDS),
     "last-value-dtype": (lambda b: K.vtrace(_x(), _x(), _x(), None, _x(), _d(), gamma=0.9, backend=b,
                                             last_state_value=_x((2, 1), dtype=torch.float64)), BACKENDS),
+    "shifted-mixed": (lambda b: _discrete(b, next_q_values=None, last_q_values=_x((2, 3))), BACKENDS),
     "td-flags": (lambda b: K.td_lambda_return(_x(), _x(), None, None, gamma=0.9, lmbda=0.9, backend=b), BACKENDS),
     "reset": (lambda b: K.episodic_prefix_sum(_x(), _d(), reset="end", backend=b), BACKENDS),
     # coefficients

@@ -102,20 +102,26 @@ def test_invalid_odd_input(algo, kind, backend):
         pytest.skip("reads one float input: nothing to mix (test_valid_odd_input)")
     call, _, coefs = TABLE[algo]
     if algo in DISCRETE:  # the table's call reads reward.dim() itself: call the kernel with the inputs as they are
-        call = _retrace_discrete(log_form=algo.endswith("_log"))
+        call = _retrace_discrete(log_form=algo.endswith("_log"), shifted=algo.endswith("_shifted"))
     x = make_rollout((3, 9, 2), -2, "random", seed=3)
     if algo == "vtrace_shifted":  # its last value, from the rollout before the transform spoils it
         x["last_value"] = x["next_value"][:, -1]
+    if algo == "retrace_discrete_shifted":  # as its last probabilities and Q values (time_dim: the default, -2)
+        x["last_pi"], x["last_q_values"] = x["next_pi"].select(-2, -1), x["next_q_values"].select(-2, -1)
     x = transform(x)
     with pytest.raises(exc, match=match):
         call(x, backend=backend, **coefs)
 
 
-def _retrace_discrete(log_form):
+def _retrace_discrete(log_form, shifted):
     def call(x, **kw):
         mu = {"behavior_log_prob": x["behavior_prob"].log()} if log_form else {"behavior_prob": x["behavior_prob"]}
-        return K.retrace_discrete(x["pi"], x["action"], x["q_values"], x["next_pi"], x["next_q_values"], x["reward"],
-                                  x["done"], x["terminated"], **mu, **kw)
+        if shifted:
+            nxt, kw = (None, None), {**kw, "last_pi": x["last_pi"], "last_q_values": x["last_q_values"]}
+        else:
+            nxt = (x["next_pi"], x["next_q_values"])
+        return K.retrace_discrete(x["pi"], x["action"], x["q_values"], *nxt, x["reward"], x["done"], x["terminated"],
+                                  **mu, **kw)
 
     return call
 

@@ -1,5 +1,5 @@
 """The shifted input mode of GAE and V-trace (``next_state_value=None, last_state_value=...``) against the float64
-references.
+references; at the end, what is particular to retrace_discrete's (``last_pi``, ``last_q_values``).
 
 The oracle is each algorithm's reference with the next values built explicitly, ``torch.cat`` of ``state_value``
 one step on and the last value, so the kernels' own reading of ``V(s_(t+1))`` from ``state_value`` is what is
@@ -300,4 +300,111 @@ def test_input_not_mutated(algo):
     for backend in BACKENDS:
         check(algo, x, backend)
     for k, v in x.items():
+        assert torch.equal(v, before[k]), f"{k} was modified"
+
+
+# --- retrace_discrete: pi and q_values one step on (next_pi=None, next_q_values=None, last_pi, last_q_values) ---
+# Its sweeps run from test_vtrace_retrace's table ("retrace_discrete_shifted"); here what is its own.
+
+def _discrete(x, last_pi=None, last_q=None, *, backend, nxt=(None, None), **kw):
+    """retrace_discrete on ``x`` ([*B, T, 1] steps, [*B, T, 1, A] per action; time_dim 1), in the shifted mode
+    with the given last ones (default: the last step's next ones)."""
+    last_pi = x["next_pi"][:, -1] if last_pi is None else last_pi
+    last_q = x["next_q_values"][:, -1] if last_q is None else last_q
+    return K.retrace_discrete(x["pi"], x["action"], x["q_values"], *nxt, x["reward"], x["done"],
+                              behavior_prob=x["behavior_prob"], gamma=GAMMA, lmbda=LMBDA, time_dim=1,
+                              last_pi=last_pi, last_q_values=last_q, backend=backend, **kw)
+
+
+def _discrete_ref(x, last_pi, last_q):
+    nxt = [torch.cat([x[k][:, 1:], last.unsqueeze(1)], 1) for k, last in (("pi", last_pi), ("q_values", last_q))]
+    return R.retrace_discrete_ref(x["pi"], x["action"], x["q_values"], *nxt, x["reward"], x["done"],
+                                  behavior_prob=x["behavior_prob"], gamma=GAMMA, lmbda=LMBDA, time_dim=1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["contig", "strided", "expanded"])
+def test_retrace_discrete_last_layouts(backend, layout):
+    """The last probabilities and Q values as views: every other element of a longer buffer, or one row's
+    broadcast to all rows (stride 0)."""
+    x = make_inputs((4, 37, 1), 1, "random")
+    last_pi, last_q = x["next_pi"][:, -1], x["next_q_values"][:, -1]  # [4, 1, A]
+    if layout == "strided":
+        last_pi, last_q = (torch.repeat_interleave(v, 2, dim=-1)[..., ::2] for v in (last_pi, last_q))
+        assert not last_pi.is_contiguous()
+    elif layout == "expanded":
+        last_pi, last_q = (v[:1].expand_as(v) for v in (last_pi, last_q))
+    out = _discrete(x, last_pi, last_q, backend=backend)
+    expected = _discrete_ref(x, last_pi, last_q)
+    for name, o, e in zip(("q_ret", "advantage"), out, expected):
+        assert_close(f"retrace_discrete {name}", o, e)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_retrace_discrete_non_finite_stays_put(backend):
+    """A NaN last Q value of a row whose last step terminated, and NaN Q values and probabilities right after a
+    termination, are never read as a bootstrap: the latter reach that step's advantage alone (Q_ret_t does not read
+    Q(s_t, a_t))."""
+    x = make_inputs((3, 9, 1), 1, "none")
+    done, pi, q = x["done"].clone(), x["pi"].clone(), x["q_values"].clone()
+    last_pi, last_q = x["next_pi"][:, -1].clone(), x["next_q_values"][:, -1].clone()
+    done[0, -1] = True
+    last_q[0] = float("nan")
+    last_pi[0] = float("nan")
+    done[1, 3] = True
+    q[1, 4] = pi[1, 4] = float("nan")  # step 4 of row 1: its own outputs and those back to the termination
+    x = {**x, "done": done, "terminated": done, "pi": pi, "q_values": q}
+    q_ret, adv = _discrete(x, last_pi, last_q, backend=backend)
+    expected = _discrete_ref(x, last_pi, last_q)
+    assert_close("q_ret", q_ret, expected[0])
+    assert_close("advantage", adv, expected[1])
+    assert torch.isfinite(q_ret).all()
+    assert adv[1, 4].isnan().all() and adv.isnan().sum() == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_retrace_discrete_empty(backend):
+    for shape in [(3, 0, 1), (0, 5, 1)]:
+        x = make_inputs(shape, 1, "random")
+        last = torch.zeros(shape[0], 1, x["pi"].shape[-1], device=DEVICE)
+        q_ret, adv = _discrete(x, last, last, backend=backend)
+        assert q_ret.shape == adv.shape == shape
+
+
+def test_retrace_discrete_errors():
+    x = make_inputs((3, 5, 1), 1, "random")
+    last_pi, last_q = x["next_pi"][:, -1], x["next_q_values"][:, -1]
+
+    def bad(**kw):
+        return _discrete(x, **{"last_pi": last_pi, "last_q": last_q, "backend": "torch", **kw})
+
+    with pytest.raises(InputError, match="pass next_pi or last_pi, not both"):
+        bad(nxt=(x["next_pi"], None))
+    with pytest.raises(InputError, match="pass next_q_values or last_q_values, not both"):
+        bad(nxt=(None, x["next_q_values"]))
+    with pytest.raises(InputError, match="pass next_pi and next_q_values, or last_pi and last_q_values"):
+        K.retrace_discrete(x["pi"], x["action"], x["q_values"], x["next_pi"], None, x["reward"], x["done"],
+                           behavior_prob=x["behavior_prob"], gamma=GAMMA, time_dim=1, last_q_values=last_q)
+    with pytest.raises(InputError, match=r"last_q_values has shape \(3, 5, 1, 3\), expected \(3, 1, 3\)"):
+        bad(last_q=x["q_values"])
+    with pytest.raises(TypeError, match="last_pi has dtype torch.float64 but pi has torch.float32"):
+        bad(last_pi=last_pi.double())
+    with pytest.raises(TypeError, match="last_q_values has dtype torch.float64 but pi has torch.float32"):
+        bad(last_q=last_q.double())
+    with pytest.raises(InputError, match="last_pi must not be negative"):
+        bad(last_pi=-last_pi)
+    with pytest.raises(TypeError, match=r"next_q_values must be a floating-point torch.Tensor, got None \(or pass "
+                                        r"last_q_values"):
+        K.retrace_discrete(x["pi"], x["action"], x["q_values"], x["next_pi"], None, x["reward"], x["done"],
+                           behavior_prob=x["behavior_prob"], gamma=GAMMA, time_dim=1)
+
+
+@pytest.mark.triton
+def test_retrace_discrete_input_not_mutated():
+    x = make_inputs((3, 7, 1), 1, "random")
+    last_pi, last_q = x["next_pi"][:, -1].clone(), x["next_q_values"][:, -1].clone()
+    before = {k: v.clone() for k, v in x.items()} | {"last_pi": last_pi.clone(), "last_q": last_q.clone()}
+    for backend in BACKENDS:
+        _discrete(x, last_pi, last_q, backend=backend)
+    for k, v in (x | {"last_pi": last_pi, "last_q": last_q}).items():
         assert torch.equal(v, before[k]), f"{k} was modified"

@@ -95,19 +95,37 @@ def _retrace(ratio_form):
     return call, ref
 
 
-def _retrace_discrete(log_form):
+def _last_step(x, time_dim):
+    """``x[..., T - 1, :]`` of a per-action tensor along the (non-negative) ``time_dim`` (zeros for T = 0)."""
+    return x.select(time_dim, -1) if x.shape[time_dim] else x.new_zeros(x.shape[:time_dim] + x.shape[time_dim + 1:])
+
+
+def _retrace_discrete(log_form, shifted=False):
+    """retrace_discrete's call and reference; ``shifted``: the call in its shifted input mode (``next_pi`` and
+    ``next_q_values`` read from ``pi`` and ``q_values`` one step on, the last ones those of the rollout's last step),
+    the reference with them built explicitly."""
     def weights(x):
         return {"behavior_log_prob": x["behavior_prob"].log()} if log_form else {"behavior_prob": x["behavior_prob"]}
 
-    def args(x):
-        return (x["pi"], x["action"], x["q_values"], x["next_pi"], x["next_q_values"], x["reward"], x["done"],
-                x["terminated"])
+    def args(x, td, explicit):
+        nxt = (x["next_pi"], x["next_q_values"])
+        if shifted:
+            last = (x.get("last_pi", _last_step(nxt[0], td)), x.get("last_q_values", _last_step(nxt[1], td)))
+            nxt = tuple(torch.cat([y.narrow(td, 1, y.shape[td] - 1), lst.unsqueeze(td)], td) if y.shape[td] else y
+                        for y, lst in zip((x["pi"], x["q_values"]), last)) if explicit else (None, None)
+            extra = {} if explicit else {"last_pi": last[0], "last_q_values": last[1]}
+        else:
+            extra = {}
+        return (x["pi"], x["action"], x["q_values"], *nxt, x["reward"], x["done"], x["terminated"]), extra
 
     def call(x, time_dim=-2, **kw):
-        return retrace_discrete(*args(x), **weights(x), time_dim=time_dim % x["reward"].dim(), **kw)
+        td = time_dim % x["reward"].dim()
+        a, extra = args(x, td, explicit=False)
+        return retrace_discrete(*a, **weights(x), time_dim=td, **extra, **kw)
 
     def ref(x, time_dim=-2, **kw):
-        q_ret, adv, h = R.retrace_discrete_ref(*args(x), **weights(x), time_dim=time_dim % x["reward"].dim(), **kw)
+        td = time_dim % x["reward"].dim()
+        q_ret, adv, h = R.retrace_discrete_ref(*args(x, td, explicit=True)[0], **weights(x), time_dim=td, **kw)
         return (q_ret, adv), h
 
     return call, ref
@@ -122,6 +140,8 @@ ALGOS = {
     "retrace_ratio": (*_retrace(ratio_form=True), ("lmbda", "c_bar")),
     "retrace_discrete": (*_retrace_discrete(log_form=False), ("lmbda", "c_bar")),
     "retrace_discrete_log": (*_retrace_discrete(log_form=True), ("lmbda", "c_bar")),
+    # the shifted input mode (next_pi=None, next_q_values=None), its last ones the last step's next ones
+    "retrace_discrete_shifted": (*_retrace_discrete(log_form=False, shifted=True), ("lmbda", "c_bar")),
 }
 # Default values of the two coefficients of each algorithm in the sweeps: clipping and traces both active.
 COEFS = {"vtrace": {"rho_thresh": 1.0, "c_thresh": 0.8}, "retrace": {"lmbda": LMBDA, "c_bar": 1.0}}
@@ -155,7 +175,7 @@ LAYOUTS = [
     ((3, 2, 17, 2), -2, "sliced"),
 ]
 # the other variants differ only in how the weights are given
-SWEPT = ["vtrace", "vtrace_shifted", "retrace", "retrace_discrete"]
+SWEPT = ["vtrace", "vtrace_shifted", "retrace", "retrace_discrete", "retrace_discrete_shifted"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -247,10 +267,12 @@ def test_initial_state(algo, backend, T):
 
 def _consistent(x, algo="vtrace"):
     """The rollout made self-consistent for V-trace's carried state: V'_t = V_(t+1) wherever step t is not done (a
-    collector's data); for the shifted mode everywhere, as its storage is (the next value is the value one step on).
-    Other algorithms' rollouts as they are."""
+    collector's data); for the shifted modes everywhere, as their storage is (the next value is the value one step
+    on; for retrace_discrete's, the next probabilities and Q values). Other algorithms' rollouts as they are."""
     if algo == "vtrace_shifted":
         return dict(x, next_value=_shifted(x, -2))
+    if algo == "retrace_discrete_shifted":
+        return dict(x, **{f"next_{k}": torch.cat([x[k][:, 1:], x[f"next_{k}"][:, -1:]], 1) for k in ("pi", "q_values")})
     if algo != "vtrace":
         return x
     x = dict(x)

@@ -6,6 +6,7 @@
     python tools/sass_sm90.py --algorithms gae --shapes 65536x24 --time-major --tiles 16x32,512x1  # rsl_rl's storage
     python tools/sass_sm90.py --algorithms gae,gae_shifted --shapes 65536x24   # GAE's two input modes
     python tools/sass_sm90.py --algorithms vtrace,vtrace_shifted --shapes 512x512   # V-trace's
+    python tools/sass_sm90.py --algorithms retrace_discrete,retrace_discrete_shifted   # retrace_discrete's
     python tools/sass_sm90.py --algorithms discounted_return --shapes 65536x2047 --no-windows  # no aligned windows
 
 Each algorithm is called on CPU tensors of the given ``[B, T, 1]`` shapes; each kernel launch is compiled instead
@@ -115,8 +116,8 @@ def main(argv=None) -> int:
             scan.launch_config = default if forced is None else sweep_configs._patched(
                 sweep_configs.rows_cfg(forced[1], forced[0], 4))
             n = len(compiled)
-            if algo == "retrace_discrete":  # not in bench_kernels' grid
-                _retrace_discrete(x)
+            if algo.startswith("retrace_discrete"):  # not in bench_kernels' grid
+                _retrace_discrete(x, shifted=algo == "retrace_discrete_shifted")
             elif algo == "gae_shifted":  # GAE's last_state_value mode (rsl_rl's storage reads it)
                 _gae_shifted(x)
             elif algo == "vtrace_shifted":  # V-trace's (bench_peers' V-trace without truncations)
@@ -155,8 +156,9 @@ def _vtrace_shifted(x):
            backend="triton")
 
 
-def _retrace_discrete(x, n_actions: int = 4):
-    """``retrace_discrete`` on the rollout ``x`` with ``n_actions`` actions (bench_peers' setting)."""
+def _retrace_discrete(x, n_actions: int = 4, shifted: bool = False):
+    """``retrace_discrete`` on the rollout ``x`` with ``n_actions`` actions (bench_peers' setting); ``shifted``: in its
+    shifted input mode, without a terminated flag."""
     from rl_triton_torchrl.kernels import retrace_discrete
 
     r, d, t = x["r"][..., 0], x["d"][..., 0], None if x["t"] is None else x["t"][..., 0]
@@ -164,8 +166,11 @@ def _retrace_discrete(x, n_actions: int = 4):
     pi, npi = (torch.softmax(torch.randn(per_action), -1) for _ in range(2))
     q, nq = torch.randn(per_action), torch.randn(per_action)
     action = torch.randint(n_actions, r.shape)
-    retrace_discrete(pi, action, q, npi, nq, r, d, t, behavior_prob=torch.rand(r.shape) + 0.1, gamma=0.99,
-                     lmbda=0.95, time_dim=1, backend="triton")
+    kw = dict(behavior_prob=torch.rand(r.shape) + 0.1, gamma=0.99, lmbda=0.95, time_dim=1, backend="triton")
+    if shifted:
+        retrace_discrete(pi, action, q, None, None, r, d, last_pi=npi[:, -1], last_q_values=nq[:, -1], **kw)
+    else:
+        retrace_discrete(pi, action, q, npi, nq, r, d, t, **kw)
 
 
 if __name__ == "__main__":

@@ -395,27 +395,31 @@ def checks_values(x: torch.Tensor) -> bool:
     return checked
 
 
-def check_shifted(next_state_value, last_state_value) -> bool:
+def check_shifted(next_state_value, last_state_value, next_name: str = "next_state_value",
+                  last_name: str = "last_state_value", source: str = "state_value", what: str = "V(s_{t+1})",
+                  shape: str = "[*B, *F]") -> bool:
     """Whether a call takes the shifted input mode: ``next_state_value=None`` with ``last_state_value``, so that
     :math:`V(s_{t+1})` is read from ``state_value`` one step on and from ``last_state_value`` after the last step.
     Raises for one of the two without the other. (Check ``last_state_value`` as a state of ``check_inputs``, then
-    its dtype with ``check_last_value_dtype``.)"""
+    its dtype with ``check_last_value_dtype``.) The other arguments name the pair in the messages, for inputs other
+    than values: ``source`` is the input read one step on, ``what`` the quantity, ``shape`` the last one's shape."""
     shifted = next_state_value is None
     if shifted != (last_state_value is not None):
         if shifted:
-            raise TypeError("next_state_value must be a floating-point torch.Tensor, got None (or pass "
-                            "last_state_value, [*B, *F], to read V(s_{t+1}) from state_value one step on)")
-        raise InputError("pass next_state_value or last_state_value, not both (last_state_value reads "
-                         "V(s_{t+1}) from state_value one step on, in place of next_state_value)")
+            raise TypeError(f"{next_name} must be a floating-point torch.Tensor, got None (or pass {last_name}, "
+                            f"{shape}, to read {what} from {source} one step on)")
+        raise InputError(f"pass {next_name} or {last_name}, not both ({last_name} reads {what} from {source} one "
+                         f"step on, in place of {next_name})")
     return shifted
 
 
-def check_last_value_dtype(last_state_value: torch.Tensor, layout: Layout, first: str) -> None:
-    """``last_state_value`` in the float inputs' dtype (``first`` names the first of them), as the kernels read it
-    among them."""
+def check_last_value_dtype(last_state_value: torch.Tensor, layout: Layout, first: str,
+                           name: str = "last_state_value") -> None:
+    """``last_state_value`` (an input called ``name``) in the float inputs' dtype (``first`` names the first of
+    them), as the kernels read it among them."""
     if last_state_value.dtype != layout.dtype:
-        raise TypeError(f"last_state_value has dtype {last_state_value.dtype} but {first} has {layout.dtype}: pass "
-                        "one float dtype")
+        raise TypeError(f"{name} has dtype {last_state_value.dtype} but {first} has {layout.dtype}: pass one float "
+                        "dtype")
 
 
 def check_values(name: str, x: torch.Tensor, bad: torch.Tensor, rule: str) -> None:

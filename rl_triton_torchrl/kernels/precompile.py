@@ -4,7 +4,7 @@
     RL_TRITON_TORCHRL_AOT_DIR=aot python train.py        # first calls load these instead of compiling
 
 Every algorithm of ``--algorithms`` is called in each of its forms (``FORMS``: with and without a terminated flag,
-GAE also with ``last_state_value``, ...) on fresh CPU tensors of each shape ``B x T`` and dtype, laid out as
+GAE and V-trace also with ``last_state_value``, ``retrace_discrete`` with ``last_pi``, ...) on fresh CPU tensors of each shape ``B x T`` and dtype, laid out as
 ``[B, T]`` with ``time_dim=-1`` (``--layouts batch``), ``[T, B]`` with ``time_dim=0`` (``time``) and/or TorchRL's
 ``[B, T, 1]`` with ``time_dim=-2`` (``torchrl``), bool flags, with gamma and lmbda as Python numbers and as 0-d
 tensors (``--coefficients float,tensor``: TorchRL's estimator modules hold them as tensors, a variant of its own).
@@ -25,6 +25,7 @@ from .. import kernels as K
 
 GAMMA, LMBDA = 0.99, 0.95
 ACTIONS = 4  # retrace_discrete's action count (it is part of the variant: the kernel's loops over actions)
+LAST_PER_ACTION = ("last_pi", "last_q")  # retrace_discrete's shifted mode: [B, A]
 
 
 def _rollout(B: int, T: int, dtype: torch.dtype, actions: int) -> dict:
@@ -37,6 +38,8 @@ def _rollout(B: int, T: int, dtype: torch.dtype, actions: int) -> dict:
     x["lv"] = torch.rand(B, generator=g, dtype=dtype)
     for name in ("pi", "next_pi", "q", "next_q"):
         x[name] = torch.rand(B, T, actions, generator=g, dtype=dtype)
+    for name in LAST_PER_ACTION:  # [B, A] in every layout
+        x[name] = torch.rand(B, actions, generator=g, dtype=dtype)
     x["action"] = torch.randint(0, actions, (B, T), generator=g)
     return x
 
@@ -44,9 +47,10 @@ def _rollout(B: int, T: int, dtype: torch.dtype, actions: int) -> dict:
 def _laid_out(x: dict, layout: str) -> dict:
     """The rollout in ``layout`` (``LAYOUTS``), as fresh contiguous tensors."""
     if layout == "time":
-        return {k: v if v.dim() < 2 else v.transpose(0, 1).contiguous() for k, v in x.items()}
+        return {k: v if v.dim() < 2 or k in LAST_PER_ACTION else v.transpose(0, 1).contiguous() for k, v in x.items()}
     if layout == "torchrl":
-        return {k: v.unsqueeze(-1).contiguous() if v.dim() <= 2 and k != "action" else v for k, v in x.items()}
+        return {k: v.unsqueeze(-1).contiguous() if v.dim() <= 2 and k not in ("action", *LAST_PER_ACTION) else v
+                for k, v in x.items()}
     return x
 
 
@@ -90,6 +94,9 @@ FORMS = {
         "done": lambda x, kw: K.retrace_discrete(x["pi"], x["action"], x["q"], x["next_pi"], x["next_q"], x["r"],
                                                  x["done"], behavior_prob=x["mu"], gamma=x["gamma"],
                                                  lmbda=x["lmbda"], **kw),
+        "last_pi": lambda x, kw: K.retrace_discrete(x["pi"], x["action"], x["q"], None, None, x["r"], x["done"],
+                                                    behavior_prob=x["mu"], gamma=x["gamma"], lmbda=x["lmbda"],
+                                                    last_pi=x["last_pi"], last_q_values=x["last_q"], **kw),
     },
     "discounted_return": {
         "done": lambda x, kw: K.discounted_return(x["r"], x["done"], gamma=x["gamma"], **kw),

@@ -30,7 +30,10 @@ truncation. The final state is :math:`u_0 = c_0 g_0`. Outputs are
 
 ``retrace`` takes the generic per-step inputs (any action space): :math:`Q(s_t, a_t)`, the ratio
 :math:`\pi / \mu` of the taken action (or its log) and :math:`\mathbb{E}_\pi Q(s'_t, \cdot)`. ``retrace_discrete``
-takes the per-action tensors of a discrete action space and reduces them to those with a gather and a sum.
+takes the per-action tensors of a discrete action space and reduces them to those with a gather and a sum. Its
+shifted input mode (``next_pi=None, next_q_values=None`` with ``last_pi`` and ``last_q_values``) reads
+:math:`\pi(\cdot|s'_t)` and :math:`Q(s'_t, \cdot)` from ``pi`` and ``q_values`` one step on and from the last ones
+after the last step, as GAE's reads :math:`V'_t`.
 """
 from __future__ import annotations
 
@@ -39,14 +42,13 @@ import torch
 from ._replay import replayable
 from ._triton import tl, triton
 from ._utils import (
-    DEFAULT_TIME_DIM, InputError, check_coef, check_inputs, check_nonnegative, check_values, checks_values,
-    resolve_backend, views_without_copy,
+    DEFAULT_TIME_DIM, InputError, check_coef, check_inputs, check_last_value_dtype, check_nonnegative, check_shifted,
+    check_values, checks_values, resolve_backend, views_without_copy,
 )
 from .scan import (
     chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_gather, load_index, load_not_flags,
-    load_tile, new_outputs,
-    not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile, state_out, store_state,
-    store_tile, zero_where,
+    load_tile, new_outputs, next_value_input, not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile,
+    state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["retrace", "retrace_discrete"]
@@ -164,6 +166,20 @@ def _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o
 
 
 @triton.jit
+def _expected_q(pi_ptr, q_ptr, s_pi_a, s_q_a, n_actions, o_o, o_i, o_t, s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i,
+                m, ACC: tl.constexpr):
+    """sum_a pi(a) Q(a) of the steps o_t, a block of the shape of the mask ``m``, from per-action tensors: ``pi_ptr``
+    and ``q_ptr`` point at action 0 (strides those of that entry's view, ``s_*_a`` the action dimension's); masked
+    elements 0."""
+    b_e = tl.zeros(m.shape, ACC)  # [BLOCK_R, BLOCK_T] (or [BLOCK_R, 1])
+    for a in range(n_actions):
+        o_a = tl.cast(a, tl.int64)  # the action offsets may pass int32 where the offsets of entry 0 do not
+        b_e += (load_tile(pi_ptr + o_a * s_pi_a, o_o, o_i, o_t, s_pi_o, s_pi_t, s_pi_i, m, ACC)
+                * load_tile(q_ptr + o_a * s_q_a, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC))
+    return b_e
+
+
+@triton.jit
 def _retrace_discrete_fwd_kernel(
     r_ptr, q_ptr, nq_ptr, pi_ptr, npi_ptr, act_ptr, mu_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, c_bar_ptr,
     qret_ptr, adv_ptr, h0_ptr, ht_ptr, lb_ptr,
@@ -176,14 +192,19 @@ def _retrace_discrete_fwd_kernel(
     LOG_RATIO: tl.constexpr, SAME_FLAGS: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, NUM_STAGES: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    SHIFTED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """``_retrace_fwd_kernel`` on the per-action tensors of a discrete action space: ``q``, ``nq``, ``pi`` and
     ``npi`` point at action 0 of ``[*B, T, A]`` tensors (their strides those of that entry's view, ``s_*_a`` the
     action dimension's), ``act`` the taken actions, ``mu`` their behaviour probabilities (or logs). The gathers of
-    the taken action and the expectation over the next step's actions happen here, in ACC."""
+    the taken action and the expectation over the next step's actions happen here, in ACC. ``SHIFTED``: the next
+    step's ``pi`` and ``q`` are those one step on, and ``npi`` and ``nq`` hold the last ones ``[*B, A]`` (time stride
+    0), read once per row."""
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
+    if SHIFTED:  # E_pi Q after the last step [BLOCK_R, 1] (npi and nq of time stride 0)
+        b_nq_last = _expected_q(npi_ptr, nq_ptr, s_npi_a, s_nq_a, n_actions, o_o, o_i, 0, s_npi_o, s_npi_t, s_npi_i,
+                                s_nq_o, s_nq_t, s_nq_i, m_r[:, None], ACC)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
@@ -193,11 +214,13 @@ def _retrace_discrete_fwd_kernel(
                         s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o, s_mu_t,
                         s_mu_i, ACC, LOG_RATIO)
         # E_pi Q(s'_t, .) = sum_a pi(a|s'_t) Q(s'_t, a); a terminated step's is never read (nor can a NaN leak)
-        b_nq = tl.zeros_like(b_r)
-        for a in range(n_actions):
-            o_a = tl.cast(a, tl.int64)  # the action offsets may pass int32 where the offsets of entry 0 do not
-            b_nq += (load_tile(npi_ptr + o_a * s_npi_a, o_o, o_i, o_t, s_npi_o, s_npi_t, s_npi_i, m, ACC)
-                     * load_tile(nq_ptr + o_a * s_nq_a, o_o, o_i, o_t, s_nq_o, s_nq_t, s_nq_i, m, ACC))
+        if SHIFTED:  # pi and q one step on, then the last ones
+            b_nq = tl.where(o_t == T - 1, b_nq_last,
+                            _expected_q(pi_ptr, q_ptr, s_pi_a, s_q_a, n_actions, o_o, o_i, o_t + 1, s_pi_o, s_pi_t,
+                                        s_pi_i, s_q_o, s_q_t, s_q_i, m_r[:, None] & (o_t + 1 < T), ACC))
+        else:
+            b_nq = _expected_q(npi_ptr, nq_ptr, s_npi_a, s_nq_a, n_actions, o_o, o_i, o_t, s_npi_o, s_npi_t, s_npi_i,
+                               s_nq_o, s_nq_t, s_nq_i, m, ACC)  # [BLOCK_R, BLOCK_T]
         b_nq = zero_where(b_nq, b_nterm == 0)
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         # c_(t+1) and Q(s_(t+1), a_(t+1)): gathers one step later
@@ -339,8 +362,8 @@ def retrace_discrete(
     pi: torch.Tensor,
     action: torch.Tensor,
     q_values: torch.Tensor,
-    next_pi: torch.Tensor,
-    next_q_values: torch.Tensor,
+    next_pi: torch.Tensor | None,
+    next_q_values: torch.Tensor | None,
     reward: torch.Tensor,
     done: torch.Tensor,
     terminated: torch.Tensor | None = None,
@@ -353,6 +376,8 @@ def retrace_discrete(
     time_dim: int | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
+    last_pi: torch.Tensor | None = None,
+    last_q_values: torch.Tensor | None = None,
     backend: str = "auto",
 ):
     r"""Retrace(:math:`\lambda`) targets for a discrete action space, from per-action tensors.
@@ -369,9 +394,11 @@ def retrace_discrete(
         pi (Tensor): ``[*B, T, A]`` target-policy probabilities :math:`\pi(\cdot|s_t)`, actions last.
         action (Tensor): ``[*B, T]`` int64 index of the taken action :math:`a_t`.
         q_values (Tensor): ``[*B, T, A]`` :math:`Q(s_t, \cdot)`.
-        next_pi (Tensor): ``[*B, T, A]`` :math:`\pi(\cdot|s'_t)` at the observation reached by step t.
-        next_q_values (Tensor): ``[*B, T, A]`` :math:`Q(s'_t, \cdot)` at the observation reached by step t (the
-            true next state, also at a truncation).
+        next_pi (Tensor or None): ``[*B, T, A]`` :math:`\pi(\cdot|s'_t)` at the observation reached by step t.
+            ``None`` with ``last_pi`` to read it from ``pi`` one step on (shifted mode).
+        next_q_values (Tensor or None): ``[*B, T, A]`` :math:`Q(s'_t, \cdot)` at the observation reached by step t
+            (the true next state, also at a truncation). ``None`` with ``last_q_values`` to read it from
+            ``q_values`` one step on (shifted mode).
         reward (Tensor): ``[*B, T]`` rewards.
         done (Tensor): ``[*B, T]`` bool, the trajectory ends after step t.
         terminated (Tensor, optional): ``[*B, T]`` bool, the episode terminated at step t. Defaults to ``done``.
@@ -384,6 +411,14 @@ def retrace_discrete(
             ``[*B]``).
         time_dim (int, optional): the time dimension of the ``[*B, T, A]`` inputs (not the last one). Defaults to
             ``-2``, also for ``[T, A]`` inputs (actions are last: nothing to mistake).
+        last_pi (Tensor, optional): ``[*B, A]`` :math:`\pi(\cdot|s_T)` at the observation after the last step,
+            in the dtype of ``pi``. With ``last_q_values`` (and ``next_pi=None, next_q_values=None``),
+            :math:`s'_t = s_{t+1}`: the next step's probabilities and Q values are ``pi`` and ``q_values`` at step
+            t + 1 for t < T - 1 and these at t = T - 1, with no next-step tensors built (the inputs of a rollout
+            whose T + 1 observations were evaluated once; half the per-action bytes). As for GAE's shifted mode,
+            a truncated step then bootstraps from the next episode's first observation: leave ``terminated`` to
+            default to ``done``.
+        last_q_values (Tensor, optional): ``[*B, A]`` :math:`Q(s_T, \cdot)`, in the dtype of ``pi``.
 
     Returns:
         ``(q_ret, advantage)`` of shape ``[*B, T]`` in the input dtype, plus the final state if asked for.
@@ -401,10 +436,20 @@ def retrace_discrete(
     """
     if (behavior_prob is None) == (behavior_log_prob is None):
         raise InputError("pass exactly one of behavior_prob and behavior_log_prob")
+    shifted = check_shifted(next_pi, last_pi, "next_pi", "last_pi", "pi", "pi(.|s_(t+1))", "[*B, A]")
+    if check_shifted(next_q_values, last_q_values, "next_q_values", "last_q_values", "q_values", "Q(s_(t+1), .)",
+                     "[*B, A]") != shifted:
+        raise InputError("pass next_pi and next_q_values, or last_pi and last_q_values (the shifted input mode, "
+                         "which reads both one step on), not one of each")
     time_dim = DEFAULT_TIME_DIM if time_dim is None else time_dim
     layout = check_inputs(
-        time_dim, {"pi": pi, "q_values": q_values, "next_pi": next_pi, "next_q_values": next_q_values}, {}
+        time_dim, {"pi": pi, "q_values": q_values, "next_pi": next_pi, "next_q_values": next_q_values}, {},
+        {"last_pi": last_pi, "last_q_values": last_q_values},
+        optional=("next_pi", "next_q_values") if shifted else (),
     )
+    if shifted:
+        check_last_value_dtype(last_pi, layout, "pi", "last_pi")
+        check_last_value_dtype(last_q_values, layout, "pi", "last_q_values")
     if layout.time_dim == len(layout.shape) - 1:
         raise InputError(f"time_dim={time_dim} is the action dimension of inputs of shape {tuple(layout.shape)}: "
                          "actions must be the last dimension, time another one")
@@ -436,7 +481,7 @@ def retrace_discrete(
         raise InputError(f"{mu_name} is on {mu.device} but pi is on {layout.device}")
     steps = check_inputs(layout.time_dim, {"reward": reward, mu_name: mu}, {"done": done, "terminated": terminated},
                          {"initial_state": initial_state}, optional=("terminated",))  # the per-step inputs, [*B, T]
-    for name, p in (("pi", pi), ("next_pi", next_pi), ("behavior_prob", behavior_prob)):
+    for name, p in (("pi", pi), ("next_pi", next_pi), ("last_pi", last_pi), ("behavior_prob", behavior_prob)):
         check_nonnegative(name, p)
     if behavior_log_prob is None and checks_values(pi):
         pi_taken = pi.gather(-1, action.unsqueeze(-1)).squeeze(-1)  # the indices are checked: all valid
@@ -456,7 +501,13 @@ def retrace_discrete(
         pi_taken = pi.gather(-1, idx).squeeze(-1).to(acc)
         if not checked:
             q_taken, pi_taken = (torch.where(valid, x, float("nan")) for x in (q_taken, pi_taken))
-        next_expected_q = (next_pi.to(acc) * next_q_values.to(acc)).sum(-1)
+        if shifted:  # E_pi Q of every step's observation, one step on, then of the last one
+            expected_q = (pi.to(acc) * q_values.to(acc)).sum(-1)
+            last = (last_pi.to(acc) * last_q_values.to(acc)).sum(-1).unsqueeze(steps.time_dim)
+            next_expected_q = (torch.cat([expected_q.narrow(steps.time_dim, 1, steps.T - 1), last], steps.time_dim)
+                               if steps.T else expected_q)
+        else:
+            next_expected_q = (next_pi.to(acc) * next_q_values.to(acc)).sum(-1)
         if behavior_log_prob is None:
             weights = {"ratio": pi_taken / behavior_prob.to(acc)}
         else:
@@ -468,7 +519,8 @@ def retrace_discrete(
         return (q_ret, adv, out[2]) if output_final_state else (q_ret, adv)
     # one kernel: the gathers and the expectation over actions on chip, each per-action tensor read where it is
     per_action = {name: _action_entry(x, steps) for name, x in
-                  (("q", q_values), ("nq", next_q_values), ("pi", pi), ("npi", next_pi))}
+                  (("q", q_values), ("pi", pi), ("nq", next_value_input(next_q_values, last_q_values, layout)),
+                   ("npi", next_value_input(next_pi, last_pi, layout)))}
     q_ret, adv = new_outputs(steps, 2)
     ht = launch(
         _retrace_discrete_fwd_kernel, steps,
@@ -478,7 +530,7 @@ def retrace_discrete(
                "c_bar": check_coef("c_bar", c_bar, steps, high=None)},
         outputs={"qret": q_ret, "adv": adv},
         initial_state=initial_state, output_final_state=output_final_state, LOG_RATIO=behavior_log_prob is not None,
-        n_actions=n_actions, **{f"s_{name}_a": stride for name, (_, stride) in per_action.items()},
+        SHIFTED=shifted, n_actions=n_actions, **{f"s_{name}_a": stride for name, (_, stride) in per_action.items()},
     )
     return (q_ret, adv, ht) if output_final_state else (q_ret, adv)
 
