@@ -391,8 +391,9 @@ def test_retrace_discrete_errors():
         bad(last_pi=last_pi.double())
     with pytest.raises(TypeError, match="last_q_values has dtype torch.float64 but pi has torch.float32"):
         bad(last_q=last_q.double())
+    cpu = {k: v.cpu() for k, v in x.items()}  # value checks run on CPU tensors (CUDA ones are not synchronised)
     with pytest.raises(InputError, match="last_pi must not be negative"):
-        bad(last_pi=-last_pi)
+        _discrete(cpu, -last_pi.cpu(), last_q.cpu(), backend="torch")
     with pytest.raises(TypeError, match=r"next_q_values must be a floating-point torch.Tensor, got None \(or pass "
                                         r"last_q_values"):
         K.retrace_discrete(x["pi"], x["action"], x["q_values"], x["next_pi"], None, x["reward"], x["done"],
