@@ -180,23 +180,6 @@ def _expected_q(pi_ptr, q_ptr, s_pi_a, s_q_a, n_actions, o_o, o_i, o_t, s_pi_o, 
 
 
 @triton.jit
-def _expected_q_taken(pi_ptr, q_ptr, b_idx, s_pi_a, s_q_a, n_actions, o_o, o_i, o_t, s_pi_o, s_pi_t, s_pi_i, s_q_o,
-                      s_q_t, s_q_i, m, ACC: tl.constexpr):
-    """``_expected_q`` and pi(b_idx), Q(b_idx) of the same loads, selected."""
-    b_e = tl.zeros(m.shape, ACC)
-    b_pi = tl.zeros(m.shape, ACC)
-    b_q = tl.zeros(m.shape, ACC)
-    for a in range(n_actions):
-        o_a = tl.cast(a, tl.int64)
-        b_pa = load_tile(pi_ptr + o_a * s_pi_a, o_o, o_i, o_t, s_pi_o, s_pi_t, s_pi_i, m, ACC)
-        b_qa = load_tile(q_ptr + o_a * s_q_a, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m, ACC)
-        b_e += b_pa * b_qa
-        b_pi = tl.where(b_idx == o_a, b_pa, b_pi)
-        b_q = tl.where(b_idx == o_a, b_qa, b_q)
-    return b_e, b_pi, b_q
-
-
-@triton.jit
 def _retrace_discrete_fwd_kernel(
     r_ptr, q_ptr, nq_ptr, pi_ptr, npi_ptr, act_ptr, mu_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, c_bar_ptr,
     qret_ptr, adv_ptr, h0_ptr, ht_ptr, lb_ptr,
@@ -232,11 +215,9 @@ def _retrace_discrete_fwd_kernel(
                         s_mu_i, ACC, LOG_RATIO)
         # E_pi Q(s'_t, .) = sum_a pi(a|s'_t) Q(s'_t, a); a terminated step's is never read (nor can a NaN leak)
         if SHIFTED:  # pi and q one step on, then the last ones
-            m1s = m_r[:, None] & (o_t + 1 < T)
-            b_idx1 = load_index(act_ptr, o_o, o_i, o_t + 1, s_act_o, s_act_t, s_act_i, m1s)
-            b_e1, b_pi1, b_q1s = _expected_q_taken(pi_ptr, q_ptr, b_idx1, s_pi_a, s_q_a, n_actions, o_o, o_i, o_t + 1,
-                                                   s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, m1s, ACC)
-            b_nq = tl.where(o_t == T - 1, b_nq_last, b_e1)
+            b_nq = tl.where(o_t == T - 1, b_nq_last,
+                            _expected_q(pi_ptr, q_ptr, s_pi_a, s_q_a, n_actions, o_o, o_i, o_t + 1, s_pi_o, s_pi_t,
+                                        s_pi_i, s_q_o, s_q_t, s_q_i, m_r[:, None] & (o_t + 1 < T), ACC))
         else:
             b_nq = _expected_q(npi_ptr, nq_ptr, s_npi_a, s_nq_a, n_actions, o_o, o_i, o_t, s_npi_o, s_npi_t, s_npi_i,
                                s_nq_o, s_nq_t, s_nq_i, m, ACC)  # [BLOCK_R, BLOCK_T]
@@ -246,19 +227,9 @@ def _retrace_discrete_fwd_kernel(
         o_t1 = o_t + 1
         m_t1 = o_t1 < T
         m1 = m_r[:, None] & m_t1
-        if SHIFTED:
-            b_ok1 = (b_idx1 >= 0) & (b_idx1 < n_actions)
-            b_mu1 = load_tile(mu_ptr, o_o, o_i, o_t1, s_mu_o, s_mu_t, s_mu_i, m1, ACC)
-            if LOG_RATIO:
-                b_ratio1 = tl.exp(tl.log(b_pi1) - b_mu1)
-            else:
-                b_ratio1 = b_pi1 / b_mu1
-            b_ratio1 = tl.where(b_ok1, b_ratio1, float("nan"))
-            b_q1 = tl.where(b_ok1, b_q1s, float("nan"))
-        else:
-            b_ratio1, b_q1 = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t1, m1,
-                                    s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o,
-                                    s_mu_t, s_mu_i, ACC, LOG_RATIO)
+        b_ratio1, b_q1 = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t1, m1,
+                                s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o,
+                                s_mu_t, s_mu_i, ACC, LOG_RATIO)
         b_c1 = _clipped_trace(b_ratio1, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1, m1, s_lmbda_o,
                               s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i, ACC, LMBDA_TENSOR, C_BAR_TENSOR)
         b_qret, b_h = _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A, lb_ptr, o_r,
