@@ -30,6 +30,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``minchunks1``, ``minchunks2``: aligned windows also where they add a chunk to a row's walk of at least 1 or 2
   chunks (``scan.WINDOW_MIN_CHUNKS``, 4 on main); compare ``--shapes 4096x255,4096x256,64x4095,64x4096``.
 - ``lookback2049``: look-back chunks for few rows from 2049 steps on (``scan.LOOKBACK_MIN_T``, 4096 on main).
+- ``wide4096``: one-row tiles of up to 4096 steps (``scan.WIDE_MAX_T``, 2048 on main), so that rows of 2049-4095
+  steps in at most ``scan.WIDE_MAX_ROWS`` rows (below the look-back's 4096 steps) take one tile instead of two.
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -127,6 +129,8 @@ PATCHES = {
     # look-back chunks for few rows from 2049 steps on, where a row has two of them (scan.LOOKBACK_MIN_T, 4096 on
     # main: one program per row before)
     "lookback2049": {"LOOKBACK_MIN_T": 2049},
+    # one-row tiles of up to 4096 steps (scan.WIDE_MAX_T, 2048 on main: rows of 2049-4095 steps walk two tiles)
+    "wide4096": {"WIDE_MAX_T": 4096},
 }
 
 
