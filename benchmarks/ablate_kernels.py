@@ -32,6 +32,7 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``lookback2049``: look-back chunks for few rows from 2049 steps on (``scan.LOOKBACK_MIN_T``, 4096 on main).
 - ``wide4096``: one-row tiles of up to 4096 steps (``scan.WIDE_MAX_T``, 2048 on main), so that rows of 2049-4095
   steps in at most ``scan.WIDE_MAX_ROWS`` rows (below the look-back's 4096 steps) take one tile instead of two.
+- ``nowidelong``: the rule without its 4096-step tiles for few rows (``scan.WIDE_LONG_MAX_ROWS`` 0).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -131,6 +132,8 @@ PATCHES = {
     "lookback2049": {"LOOKBACK_MIN_T": 2049},
     # one-row tiles of up to 4096 steps (scan.WIDE_MAX_T, 2048 on main: rows of 2049-4095 steps walk two tiles)
     "wide4096": {"WIDE_MAX_T": 4096},
+    # no 4096-step tiles for few rows of 2049-4095 steps (scan.WIDE_LONG_MAX_ROWS 0: the rule before it)
+    "nowidelong": {"WIDE_LONG_MAX_ROWS": 0},
 }
 
 

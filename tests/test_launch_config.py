@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.triton,
 
 @pytest.mark.parametrize("shape,block_t,warps,vtrace_block_t", [
     ((128, 1024, 1), 1024, 8, 1024), ((512, 2048, 1), 2048, 8, 1024), ((1000, 1000, 1), 1024, 4, 1024),
-    ((16, 3000, 1), 2048, 8, 1024), ((64, 129, 1), 256, 8, 256),
+    ((16, 3000, 1), 4096, 8, 1024), ((300, 3000, 1), 2048, 8, 1024), ((64, 129, 1), 256, 8, 256),
     # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back
     ((64, 4096, 1), 2048, 8, 1024), ((512, 8192, 1), 2048, 8, 1024)])
 def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_t):
@@ -31,6 +31,31 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
     assert "maxnreg" not in cfg  # register caps are for the 128-step row tiles
     if shape[1] < scan.LOOKBACK_MIN_T or shape[0] < scan.LOOKBACK_MANY_ROWS:
         assert scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")["BLOCK_T"] == vtrace_block_t
+
+
+@pytest.mark.parametrize("kernel", sorted(scan.KERNELS))
+def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
+    """At most WIDE_LONG_MAX_ROWS rows of 2049-4095 steps: one tile of WIDE_LONG_T steps in the kernels of
+    WIDE_LONG_KERNELS with float32 accumulation; the other kernels, more rows, float64 and shorter or longer rows as
+    the rule without it."""
+    long_tile = kernel in scan.WIDE_LONG_KERNELS
+    for shape in [(1, 2049, 1), (scan.WIDE_LONG_MAX_ROWS, 4095, 1)]:
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
+            wide = scan.WIDE_MAX_T_PER_KERNEL.get(kernel, scan.WIDE_MAX_T)
+            expected = scan.WIDE_LONG_T if long_tile and dtype != torch.float64 else wide
+            assert scan.launch_config(_layout(shape, dtype), kernel)["BLOCK_T"] == expected, (shape, dtype)
+    assert scan.launch_config(_layout((scan.WIDE_LONG_MAX_ROWS + 1, 3000, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
+    assert scan.launch_config(_layout((16, 2048, 1)), kernel)["BLOCK_T"] <= 2048
+    assert scan.launch_config(_layout((16, 4096, 1)), kernel)["LOOKBACK"] == scan.LOOKBACK_WINDOW
+
+
+@pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
+                                         ("discounted", "_td_lambda_fwd_kernel"), ("traces", "_prefix_sum_fwd_kernel"),
+                                         ("sum_after_done", "_prefix_sum_fwd_kernel")])
+def test_one_tile_of_4096_steps_matches_reference(algo, kernel):
+    """One 4096-step tile over 3 rows of 2500 steps (the rows' tail masked), with carried states."""
+    assert scan.launch_config(_layout((3, 2500, 1)), kernel)["BLOCK_T"] == scan.WIDE_LONG_T
+    _compare(algo, (3, 2500, 1), "random", seed=5, with_state=True)
 
 
 @pytest.mark.parametrize("shape", [(64, 4096, 1), (512, 8192, 1), (512, 20000, 1)])

@@ -145,6 +145,14 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # 2.1-3.0x slower at 512-1000 rows (1000 x 1025 15.2 -> 46.3 µs).
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_MAX_T_PER_KERNEL = {"_vtrace_fwd_kernel": 1024}
+# At most WIDE_LONG_MAX_ROWS rows of 2049-4095 steps (under LOOKBACK_MIN_T) with float32 accumulation, in the kernels
+# of WIDE_LONG_KERNELS: one tile of up to WIDE_LONG_T steps instead of two walked in turn. H100
+# (ablate_wide4096_38feaf5.md), faster in every cell of 16-100 rows: 16 x 2049 GAE 10.7 -> 9.3 µs, 16 x 4095 14.1 ->
+# 10.8, 100 x 3072 12.5 -> 10.6, the discounted return 16 x 4095 12.6 -> 9.7; at 512 rows mixed (GAE 512 x 3072
+# 22.3 -> 24.3, 512 x 4095 36.7 -> 32.5), at 1000 rows slower (GAE 1000 x 3072 37.8 -> 44.5). Not measured for the
+# other kernels (V-trace keeps its 1024-step tiles; retrace_discrete's 2048-step tiles take 196 registers already).
+WIDE_LONG_MAX_ROWS, WIDE_LONG_T = 256, 4096
+WIDE_LONG_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel"})
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
 # few steps wide over many rows read whole lines. Sequences of at most TIME_MAJOR_MAX_T steps whose time dimension
 # strides over at least TIME_MAJOR_MIN_ROWS rows (``layout.inner``), for the kernels in TIME_MAJOR_KERNELS: tiles of
@@ -712,7 +720,8 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps (short
     sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
     ``TIME_MAJOR_BLOCK_T`` tiles on one warp; sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
-    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps); or, for long float32 sequences in
+    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps, ``WIDE_LONG_T`` for at most
+    ``WIDE_LONG_MAX_ROWS`` rows in the kernels of ``WIDE_LONG_KERNELS``); or, for long float32 sequences in
     too few rows to fill the GPU that way (from ``LOOKBACK_MANY_ROWS`` rows on, only from ``LOOKBACK_MANY_ROWS_MIN_T``
     steps, but for the kernels in ``LOOKBACK_MANY_ROWS_SEGMENTS``), one program per chunk of ``LOOKBACK_BLOCK_T``
     steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
@@ -742,7 +751,11 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     elif SHORT_MIN_T <= layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
         block_r, num_warps = SHORT_BLOCK_R, SHORT_WARPS
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
-        block_t = min(_pow2(layout.T), WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T))
+        max_t = WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T)
+        if (kernel_name in WIDE_LONG_KERNELS and layout.rows <= WIDE_LONG_MAX_ROWS and layout.T < LOOKBACK_MIN_T
+                and layout.acc_dtype == torch.float32):
+            max_t = WIDE_LONG_T
+        block_t = min(_pow2(layout.T), max_t)
         block_r, num_warps = 1, (WIDE_WARPS if layout.rows <= WIDE_FEW_WARPS_ROWS else 4)
     elif (kernel_name in TILE256_STAGES.get(layout.dtype.itemsize, ()) and layout.inner == 1
           and layout.T >= TILE256_MIN_T and layout.rows >= TILE256_MIN_ROWS):
