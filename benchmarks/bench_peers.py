@@ -437,9 +437,12 @@ PEER_NOTES = {
     "eligibility_traces": "compute_eligibility_traces",
     "episodic_prefix_sum": "compute_episodic_prefix_sum(boundary='ends_at')",
     "retrace_discrete": "compute_retrace; targets compared (its advantages are rho (r + gamma Q_ret' - Q), ours "
-                        "Q_ret - Q); its E_pi Q(s'_t) uses pi(.|s_t): ours gets a copy of pi as next_pi",
+                        "Q_ret - Q); its E_pi Q(s'_t) uses pi(.|s_t): each row's pi is the same at every step, and "
+                        "ours gets a copy of it as next_pi",
 }
 OURS_NOTES = {
+    ("retrace_discrete", "without"): "retrace_discrete(next_pi=None, next_q_values=None, last_pi=, last_q_values=): "
+                                     "the shifted input mode, pi and q read one step on",
     ("discounted_return", "with"): "discounted_return(next_state_value=, terminated=): TD(1), bootstrapping at "
                                    "truncations and the window end (rl-triton's truncation path)",
 }

@@ -47,8 +47,8 @@ from ._utils import (
 )
 from .scan import (
     chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_gather, load_index, load_not_flags,
-    load_tile, new_outputs, next_value_input, not_flag, row_prologue, rows_state, rows_time, rows_time_unless, scan_rows, scan_tile,
-    state_out, store_state, store_tile, zero_where,
+    load_tile, new_outputs, next_value_input, not_flag, row_prologue, rows_state, rows_time, rows_time_unless,
+    scan_rows, scan_tile, state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["retrace", "retrace_discrete"]
