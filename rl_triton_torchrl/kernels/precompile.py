@@ -6,8 +6,9 @@
 Every algorithm of ``--algorithms`` is called in each of its forms (``FORMS``: with and without a terminated flag,
 GAE and V-trace also with ``last_state_value``, ``retrace_discrete`` with ``last_pi``, ...) on fresh CPU tensors of
 each shape ``B x T`` and dtype, laid out as ``[B, T]`` with ``time_dim=-1`` (``--layouts batch``), ``[T, B]`` with
-``time_dim=0`` (``time``) and/or TorchRL's ``[B, T, 1]`` with ``time_dim=-2`` (``torchrl``), bool flags, with gamma and lmbda as Python numbers and as 0-d
-tensors (``--coefficients float,tensor``: TorchRL's estimator modules hold them as tensors, a variant of its own).
+``time_dim=0`` (``time``) and/or TorchRL's ``[B, T, 1]`` with ``time_dim=-2`` (``torchrl``), bool flags, with gamma
+and lmbda as Python numbers and as 0-d tensors (``--coefficients float,tensor``: TorchRL's estimator modules hold them
+as tensors, a variant of its own).
 Each launch is compiled for ``--arch`` (90: H100/H200) by Triton's own compiler instead of run (``_aot.build``),
 and written once. A call on the GPU finds its variant where it has the same structure: the same shape, dtypes and
 layout, tensors of its own (16-byte aligned, as fresh allocations are), the same form. Any other call compiles as
