@@ -18,7 +18,7 @@ from rl_triton_torchrl.kernels import reference as R
 from rl_triton_torchrl.kernels import scan
 from rl_triton_torchrl.kernels._utils import check_inputs
 from test_algorithms import GAMMA, LMBDA
-from test_vtrace_retrace import make_rollout as make_inputs
+from test_vtrace_retrace import make_rollout as make_inputs, one_step_on
 
 
 def state_shape(shape, time_dim):
@@ -34,12 +34,6 @@ def with_last_value(x, time_dim, seed=1, layout="contig"):
     if layout == "strided":  # every other element of a buffer twice as long in its last dimension
         lv = torch.repeat_interleave(lv, 2, dim=-1)[..., ::2] if lv.dim() else lv
     return {**x, "last_value": lv}
-
-
-def shifted_next_values(value, last_value, time_dim):
-    """V(s_(t+1)) as a tensor: ``value`` one step on along ``time_dim``, then ``last_value``."""
-    td = time_dim % value.dim()
-    return torch.cat([value.narrow(td, 1, value.shape[td] - 1), last_value.unsqueeze(td)], dim=td)
 
 
 # name -> (call(x, value, next value, last value, terminated, **kw), reference(x, value, next value, terminated,
@@ -77,7 +71,7 @@ def reference(algo, x, value=None, last_value=None, *, time_dim=-2, terminated=T
     _, ref, coefs, _ = ALGOS[algo]
     value = x["value"] if value is None else value
     last_value = x["last_value"] if last_value is None else last_value
-    nv = shifted_next_values(value, last_value, time_dim)
+    nv = one_step_on(value, last_value, time_dim)  # V(s_(t+1)) as a tensor
     kw = {k: v for k, v in kw.items() if k != "output_final_state"}
     return ref(x, value, nv, x["terminated"] if terminated else None, time_dim=time_dim, **{**coefs, **kw})
 
@@ -317,7 +311,7 @@ def _discrete(x, last_pi=None, last_q=None, *, backend, nxt=(None, None), **kw):
 
 
 def _discrete_ref(x, last_pi, last_q):
-    nxt = [torch.cat([x[k][:, 1:], last.unsqueeze(1)], 1) for k, last in (("pi", last_pi), ("q_values", last_q))]
+    nxt = [one_step_on(x[k], last, 1) for k, last in (("pi", last_pi), ("q_values", last_q))]
     return R.retrace_discrete_ref(x["pi"], x["action"], x["q_values"], *nxt, x["reward"], x["done"],
                                   behavior_prob=x["behavior_prob"], gamma=GAMMA, lmbda=LMBDA, time_dim=1)
 

@@ -51,22 +51,30 @@ def _vtrace_ref(x, **kw):
     return (adv, vs), h
 
 
+def last_step(y, time_dim):
+    """``y`` at its last step along ``time_dim`` (zeros for T = 0)."""
+    td = time_dim % y.dim()
+    return y.select(td, -1) if y.shape[td] else y.new_zeros(y.shape[:td] + y.shape[td + 1:])
+
+
+def one_step_on(y, last, time_dim):
+    """What the shifted modes read for step t: ``y`` one step on along ``time_dim``, then ``last`` (``y``'s shape
+    without that dimension) after its last step."""
+    td = time_dim % y.dim()
+    if not y.shape[td]:
+        return y
+    return torch.cat([y.narrow(td, 1, y.shape[td] - 1), last.unsqueeze(td)], dim=td)
+
+
 def _last_value(x, time_dim):
     """The last value the shifted mode is given as ``last_state_value``: ``x``'s ``last_value`` if it holds one,
     else the last step's ``next_value``."""
-    if "last_value" in x:
-        return x["last_value"]
-    nv = x["next_value"]
-    td = time_dim % nv.dim()
-    return nv.select(td, -1) if nv.shape[td] else nv.new_zeros(nv.shape[:td] + nv.shape[td + 1:])  # (T = 0)
+    return x["last_value"] if "last_value" in x else last_step(x["next_value"], time_dim)
 
 
 def _shifted(x, time_dim):
     """V(s_(t+1)) as the shifted mode reads it: ``value`` one step on, then the last value."""
-    v, td = x["value"], time_dim % x["value"].dim()
-    if not v.shape[td]:
-        return v
-    return torch.cat([v.narrow(td, 1, v.shape[td] - 1), _last_value(x, time_dim).unsqueeze(td)], dim=td)
+    return one_step_on(x["value"], _last_value(x, time_dim), time_dim)
 
 
 def _vtrace_shifted(x, time_dim=None, **kw):
@@ -95,11 +103,6 @@ def _retrace(ratio_form):
     return call, ref
 
 
-def _last_step(x, time_dim):
-    """``x[..., T - 1, :]`` of a per-action tensor along the (non-negative) ``time_dim`` (zeros for T = 0)."""
-    return x.select(time_dim, -1) if x.shape[time_dim] else x.new_zeros(x.shape[:time_dim] + x.shape[time_dim + 1:])
-
-
 def _retrace_discrete(log_form, shifted=False):
     """retrace_discrete's call and reference; ``shifted``: the call in its shifted input mode (``next_pi`` and
     ``next_q_values`` read from ``pi`` and ``q_values`` one step on, the last ones those of the rollout's last step),
@@ -110,9 +113,9 @@ def _retrace_discrete(log_form, shifted=False):
     def args(x, td, explicit):
         nxt = (x["next_pi"], x["next_q_values"])
         if shifted:
-            last = (x.get("last_pi", _last_step(nxt[0], td)), x.get("last_q_values", _last_step(nxt[1], td)))
-            nxt = tuple(torch.cat([y.narrow(td, 1, y.shape[td] - 1), lst.unsqueeze(td)], td) if y.shape[td] else y
-                        for y, lst in zip((x["pi"], x["q_values"]), last)) if explicit else (None, None)
+            last = (x.get("last_pi", last_step(nxt[0], td)), x.get("last_q_values", last_step(nxt[1], td)))
+            nxt = tuple(one_step_on(y, lst, td) for y, lst in zip((x["pi"], x["q_values"]), last)) if explicit \
+                else (None, None)
             extra = {} if explicit else {"last_pi": last[0], "last_q_values": last[1]}
         else:
             extra = {}
@@ -272,7 +275,7 @@ def _consistent(x, algo="vtrace"):
     if algo == "vtrace_shifted":
         return dict(x, next_value=_shifted(x, -2))
     if algo == "retrace_discrete_shifted":
-        return dict(x, **{f"next_{k}": torch.cat([x[k][:, 1:], x[f"next_{k}"][:, -1:]], 1) for k in ("pi", "q_values")})
+        return dict(x, **{f"next_{k}": one_step_on(x[k], x[f"next_{k}"][:, -1], 1) for k in ("pi", "q_values")})
     if algo != "vtrace":
         return x
     x = dict(x)
