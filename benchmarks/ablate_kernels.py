@@ -33,6 +33,12 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``wide4096``: one-row tiles of up to 4096 steps (``scan.WIDE_MAX_T``, 2048 on main), so that rows of 2049-4095
   steps in at most ``scan.WIDE_MAX_ROWS`` rows (below the look-back's 4096 steps) take one tile instead of two.
 - ``nowidelong``: the rule without its 4096-step tiles for few rows (``scan.WIDE_LONG_MAX_ROWS`` 0).
+- ``flip``: reverse scans of one-row tiles wider than ``scan.WARP_LOCAL_T`` steps (few rows of medium length) with
+  the tile's columns backward in time (descending addresses) and scanned forward, instead of Triton's reverse scan,
+  which reverses its inputs and outputs across lanes and warps; ``fliplb``: look-back chunks of one row too.
+- ``warpst``: one-row tiles on one warp per 128 steps (4 to 16 warps; main: 8, 4 above ``scan.WIDE_FEW_WARPS_ROWS``
+  rows).
+- ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -108,6 +114,75 @@ def _scan_tile_enter_fwdfake(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl
     return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
 
 
+# the core's own chunk and launch rule, kept before any variant replaces them
+_CHUNK = _scan.chunk
+_chunk_start = _scan._chunk_start
+WARP_LOCAL_T = _scan.WARP_LOCAL_T
+_LAUNCH_CONFIG = _scan.launch_config
+
+
+@triton.jit
+def _chunk_flipped(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, LOOKBACK: tl.constexpr,
+                   WINDOW: tl.constexpr, INT64: tl.constexpr, IN_LOOKBACK: tl.constexpr):
+    if REVERSE and m_r.shape[0] == 1 and BLOCK_T > WARP_LOCAL_T and (IN_LOOKBACK or not LOOKBACK):
+        # column j is step BLOCK_T - 1 - j of the chunk: the tile's columns run backward in time, so that the
+        # reverse scan is a forward one over the columns (no reversal of the data across lanes)
+        o_t = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + (BLOCK_T - 1 - tl.arange(0, BLOCK_T))
+        o_t = o_t[None, :]
+        m = m_r[:, None] & (o_t < T)
+        return o_t, m, (m,)
+    else:
+        return _CHUNK(i_c, n_chunks, T, o_o, m_r, BLOCK_T, REVERSE, LOOKBACK, WINDOW, INT64)
+
+
+@triton.jit
+def _chunk_flip(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, LOOKBACK: tl.constexpr,
+                WINDOW: tl.constexpr, INT64: tl.constexpr):
+    return _chunk_flipped(i_c, n_chunks, T, o_o, m_r, BLOCK_T, REVERSE, LOOKBACK, WINDOW, INT64, False)
+
+
+@triton.jit
+def _chunk_fliplb(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, LOOKBACK: tl.constexpr,
+                  WINDOW: tl.constexpr, INT64: tl.constexpr):
+    return _chunk_flipped(i_c, n_chunks, T, o_o, m_r, BLOCK_T, REVERSE, LOOKBACK, WINDOW, INT64, True)
+
+
+@triton.jit
+def _scan_tile_enter_flip(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
+                          n_chunks, LOOKBACK: tl.constexpr):
+    if REVERSE and b_a.shape[0] == 1 and b_a.shape[1] > WARP_LOCAL_T and not LOOKBACK:
+        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+    else:
+        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+
+
+@triton.jit
+def _scan_tile_enter_fliplb(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
+                            n_chunks, LOOKBACK: tl.constexpr):
+    if REVERSE and b_a.shape[0] == 1 and b_a.shape[1] > WARP_LOCAL_T:
+        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+    else:
+        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+
+
+def _launch_config_warpst(layout, kernel_name=None):
+    # one-row tiles (not look-back chunks) on one warp per 128 steps, 4 to 16 (main: 8, 4 above 512 rows)
+    cfg = _LAUNCH_CONFIG(layout, kernel_name)
+    if cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and cfg["BLOCK_T"] > _scan.MAX_BLOCK_T:
+        cfg["num_warps"] = max(4, min(16, cfg["BLOCK_T"] // 128))
+    return cfg
+
+
+def _launch_config_row128(layout, kernel_name=None):
+    # at most 1024 rows of 9-128 steps: one row per program on one warp (main: 4 rows per program on 4 warps)
+    cfg = _LAUNCH_CONFIG(layout, kernel_name)
+    if (cfg["BLOCK_T"] == _scan.MAX_BLOCK_T and layout.T <= _scan.MAX_BLOCK_T and layout.rows <= 1024
+            and not cfg["LOOKBACK"] and cfg["BLOCK_R"] > 1):
+        cfg.update(grid=(layout.rows,), BLOCK_R=1, num_warps=1)
+        cfg.pop("maxnreg", None)
+    return cfg
+
+
 PATCHES = {
     "fwdfake": {"scan_tile_enter": _scan_tile_enter_fwdfake},
     "noscan": {"scan_tile": _scan_tile_noscan, "scan_tile_enter": _scan_tile_enter_noscan},
@@ -134,6 +209,13 @@ PATCHES = {
     "wide4096": {"WIDE_MAX_T": 4096},
     # no 4096-step tiles for few rows of 2049-4095 steps (scan.WIDE_LONG_MAX_ROWS 0: the rule before it)
     "nowidelong": {"WIDE_LONG_MAX_ROWS": 0},
+    # reverse scans of one-row tiles wider than 128 steps with the tile's columns backward in time (addresses
+    # descending along the columns) and scanned forward, instead of Triton's reverse scan; not in look-back chunks
+    # (flip) or there too (fliplb)
+    "flip": {"chunk": _chunk_flip, "scan_tile_enter": _scan_tile_enter_flip},
+    "fliplb": {"chunk": _chunk_fliplb, "scan_tile_enter": _scan_tile_enter_fliplb},
+    "warpst": {"launch_config": _launch_config_warpst},
+    "row128": {"launch_config": _launch_config_row128},
 }
 
 
