@@ -117,6 +117,7 @@ def _scan_tile_enter_fwdfake(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl
 # the core's own chunk and launch rule, kept before any variant replaces them
 _CHUNK = _scan.chunk
 _chunk_start = _scan._chunk_start
+_NEXT_COLUMN = _scan.next_column
 WARP_LOCAL_T = _scan.WARP_LOCAL_T
 _LAUNCH_CONFIG = _scan.launch_config
 
@@ -163,6 +164,19 @@ def _scan_tile_enter_fliplb(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.
         return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
     else:
         return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+
+
+@triton.jit
+def _next_column_flip(b_x, b_last):
+    # in a one-row tile wider than 128 steps (flipped by the variants above: only reverse scans use next_column
+    # there) the next step is the column before, and column 0 is the last in time
+    if b_x.shape[0] == 1 and b_x.shape[1] > WARP_LOCAL_T:
+        n: tl.constexpr = b_x.shape[1]
+        o_c = tl.arange(0, n)
+        b_next = tl.gather(b_x, tl.broadcast_to(tl.maximum(o_c - 1, 0)[None, :], b_x.shape), 1)
+        return tl.where((o_c == 0)[None, :], b_last[:, None], b_next)
+    else:
+        return _NEXT_COLUMN(b_x, b_last)
 
 
 def _launch_config_warpst(layout, kernel_name=None):
@@ -212,8 +226,8 @@ PATCHES = {
     # reverse scans of one-row tiles wider than 128 steps with the tile's columns backward in time (addresses
     # descending along the columns) and scanned forward, instead of Triton's reverse scan; not in look-back chunks
     # (flip) or there too (fliplb)
-    "flip": {"chunk": _chunk_flip, "scan_tile_enter": _scan_tile_enter_flip},
-    "fliplb": {"chunk": _chunk_fliplb, "scan_tile_enter": _scan_tile_enter_fliplb},
+    "flip": {"chunk": _chunk_flip, "scan_tile_enter": _scan_tile_enter_flip, "next_column": _next_column_flip},
+    "fliplb": {"chunk": _chunk_fliplb, "scan_tile_enter": _scan_tile_enter_fliplb, "next_column": _next_column_flip},
     "warpst": {"launch_config": _launch_config_warpst},
     "row128": {"launch_config": _launch_config_row128},
 }

@@ -37,8 +37,8 @@ from ._triton import tl, triton
 from ._utils import check_coef, check_inputs, check_last_value_dtype, check_shifted, resolve_backend
 from .scan import (
     WARP_LOCAL_T, chunk, empty_state, from_rows_time, last_step_value, launch, load_coef, load_next_step,
-    load_not_flags, load_tile, new_outputs, next_value_input, next_value_rows, not_flag, row_prologue, rows_state,
-    rows_time, scan_rows, scan_tile_enter, state_out, store_state, store_tile, zero_where,
+    load_not_flags, load_tile, new_outputs, next_column, next_value_input, next_value_rows, not_flag, row_prologue,
+    rows_state, rows_time, scan_rows, scan_tile_enter, state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["vtrace"]
@@ -128,10 +128,8 @@ def _vtrace_fwd_kernel(
         # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t, and the state entering the tile (h of the step after its last column)
         b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
         # h_(t+1): the next column (masked columns past T hold the entering state), past the last one the entering
-        # state
-        o_c = tl.arange(0, BLOCK_T)
-        b_h1 = tl.gather(b_hc, tl.broadcast_to(tl.minimum(o_c + 1, BLOCK_T - 1)[None, :], (BLOCK_R, BLOCK_T)), 1)
-        b_h1 = tl.where((o_c == BLOCK_T - 1)[None, :], b_enter[:, None], b_h1)  # [BLOCK_R, BLOCK_T]
+        # state [BLOCK_R, BLOCK_T]
+        b_h1 = next_column(b_hc, b_enter)
         # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone. The
         # shifted mode has V_(t+1) from before the scan, but in tiles whose rows span several warps, where it reads
         # it again (``load_next_step``'s ``OWN_LOAD``). H100 (results/h100/bench_peers_vtrace_*.md): reading it
