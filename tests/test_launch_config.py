@@ -105,6 +105,20 @@ def test_wide_tiles_with_chunks_match_reference(algo, shape, monkeypatch):
     _compare(algo, shape, "random", seed=11, with_state=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(3, 600, 1), (2, 300, 2)], ids=["B3-T600", "B2-T300-F2"])
+@pytest.mark.parametrize("pattern", ["random", "none", "all"])
+@pytest.mark.parametrize("algo", ["vtrace", "vtrace_shifted"])
+def test_vtrace_wide_tiles_read_back_the_next_step(algo, pattern, shape, dtype, monkeypatch):
+    """V-trace's one-row tiles over several warps read vs_(t+1) back from the output they stored (outputs of the
+    accumulation dtype; bfloat16 keeps the gather): 256-step tiles over rows of 300 and 600 steps, walked in turn,
+    so that the step after a tile's last one lies in the tile stored before it, and the last tile is partial."""
+    monkeypatch.setattr(scan, "WIDE_MAX_T_PER_KERNEL", {"_vtrace_fwd_kernel": 2 * scan.WARP_LOCAL_T.value})
+    cfg = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")
+    assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["LOOKBACK"]) == (1, 256, 0)
+    _compare(algo, shape, pattern, seed=7, with_state=True, dtype=dtype)
+
+
 @pytest.mark.parametrize("pattern", ["none", "all", "trunc_last"])
 @pytest.mark.parametrize("algo", ["gae", "vtrace", "traces", "sum_at_start"])
 def test_wide_whole_row_tiles_match_reference(algo, pattern):

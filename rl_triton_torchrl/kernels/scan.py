@@ -504,6 +504,20 @@ def load_next_step(base, b_x, b_x_after, o_o, o_i, o_t, s_o, s_t, s_i, m, T, ACC
 
 
 @triton.jit
+def stored_next_step(base, o_o, o_i, o_t, T, inner, m, ACC: tl.constexpr):
+    """An output tile that this program has just stored (``store_tile``), read back one step on along time
+    [BLOCK_R, BLOCK_T] as ACC (0 at t = T - 1), after a barrier that makes every thread's stores visible to all.
+
+    For a reverse scan's tiles whose rows span several warps, where the gather one column on (``next_column``)
+    converts the tile's layout through shared memory: the chunk after this one in time was stored by this same
+    program, before this one, so every step t + 1 < T is there. Not for look-back chunks (another program stores
+    the chunk after). Exact where the output's dtype is ACC.
+    """
+    tl.debug_barrier()
+    return tl.load(_tile_ptrs(base, o_o, o_i, o_t + 1, T * inner, inner, 1), mask=m & (o_t + 1 < T), other=0).to(ACC)
+
+
+@triton.jit
 def last_step_value(b_next, last_ptr, o_o, o_i, o_t, s_o, s_i, m_r, T, ACC: tl.constexpr):
     """The shifted input mode's :math:`V(s_{t+1})` [BLOCK_R, BLOCK_T]: ``b_next`` (the values one step on, from
     ``load_next_step``) but at t = T - 1, where it is the last value ``[*B, *F]`` at ``last_ptr`` (read once per

@@ -38,7 +38,8 @@ from ._utils import check_coef, check_inputs, check_last_value_dtype, check_shif
 from .scan import (
     WARP_LOCAL_T, chunk, empty_state, from_rows_time, last_step_value, launch, load_coef, load_next_step,
     load_not_flags, load_tile, new_outputs, next_column, next_value_input, next_value_rows, not_flag, row_prologue,
-    rows_state, rows_time, scan_rows, scan_tile_enter, state_out, store_state, store_tile, zero_where,
+    rows_state, rows_time, scan_rows, scan_tile_enter, state_out, store_state, store_tile, stored_next_step,
+    zero_where,
 )
 
 __all__ = ["vtrace"]
@@ -104,6 +105,11 @@ def _vtrace_fwd_kernel(
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
     # V_IN_TILE: batch-major rows of several chunks, whose next step is the next element (``load_next_step``)
+    # VS_RELOAD: one row over several warps (no look-back): vs_(t+1) read back from the output just stored
+    # (``stored_next_step``), not gathered one column on through shared memory (sm_90 SASS at 512 x 512: 536 -> 440
+    # instructions, 13 -> 5 barriers, 64 -> 48 registers)
+    VS_RELOAD: tl.constexpr = (BLOCK_R == 1 and BLOCK_T > WARP_LOCAL_T and not LOOKBACK
+                               and vs_ptr.dtype.element_ty == ACC)
     b_v_after = tl.zeros([BLOCK_R], dtype=ACC)  # [BLOCK_R] v at the first step of the chunk after this one
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
@@ -127,24 +133,30 @@ def _vtrace_fwd_kernel(
         b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
         # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t, and the state entering the tile (h of the step after its last column)
         b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
-        # h_(t+1): the next column (masked columns past T hold the entering state), past the last one the entering
-        # state [BLOCK_R, BLOCK_T]
-        b_h1 = next_column(b_hc, b_enter)
-        # vs_(t+1) = h_(t+1) + V_(t+1); past the window end V_T is V'_(T-1); at a done step V'_t alone. The
-        # shifted mode has V_(t+1) from before the scan, but in tiles whose rows span several warps, where it reads
-        # it again (``load_next_step``'s ``OWN_LOAD``). H100 (results/h100/bench_peers_vtrace_*.md): reading it
-        # again cost the 4 x 128 look-back chunks 512 x 4096 32.6 -> 37.7 µs; not reading it again cost the wide
-        # tiles 512 x 2048 16.0 -> 35.3 µs.
-        if SHIFTED and BLOCK_T <= WARP_LOCAL_T:
-            b_v_after = b_v_after1
+        # vs_(t+1) [BLOCK_R, BLOCK_T]; past the window end h_T + V'_(T-1); at a done step V'_t alone
+        if VS_RELOAD:
+            store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m, w)
+            b_vs1 = stored_next_step(vs_ptr, o_o, o_i, o_t, T, inner, m, ACC)
+            b_vs1 = tl.where(o_t + 1 < T, b_vs1, b_enter[:, None] + b_nv)
         else:
-            b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
-                                             V_IN_TILE, LOOKBACK)
-        b_v1 = tl.where(o_t + 1 < T, b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
-        b_vs1 = tl.where(b_nd > 0.0, b_h1 + b_v1, b_nv)  # [BLOCK_R, BLOCK_T]
+            # h_(t+1): the next column (masked columns past T hold the entering state), past the last one the
+            # entering state [BLOCK_R, BLOCK_T]
+            b_h1 = next_column(b_hc, b_enter)
+            # V_(t+1): the shifted mode has it from before the scan, but in tiles whose rows span several warps,
+            # where it reads it again (``load_next_step``'s ``OWN_LOAD``). H100
+            # (results/h100/bench_peers_vtrace_*.md): reading it again cost the 4 x 128 look-back chunks 512 x 4096
+            # 32.6 -> 37.7 µs; not reading it again cost the wide tiles 512 x 2048 16.0 -> 35.3 µs.
+            if SHIFTED and BLOCK_T <= WARP_LOCAL_T:
+                b_v_after = b_v_after1
+            else:
+                b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T,
+                                                 ACC, V_IN_TILE, LOOKBACK)
+            b_vs1 = b_h1 + tl.where(o_t + 1 < T, b_v1, b_nv)
+        b_vs1 = tl.where(b_nd > 0.0, b_vs1, b_nv)  # [BLOCK_R, BLOCK_T]
         _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
         store_tile(adv_ptr, b_adv, o_o, o_i, o_t, T, inner, m, w)
-        store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m, w)
+        if not VS_RELOAD:
+            store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m, w)
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 
 
