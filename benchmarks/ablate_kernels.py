@@ -38,7 +38,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   which reverses its inputs and outputs across lanes and warps; ``fliplb``: look-back chunks of one row too.
 - ``warpst``: one-row tiles on one warp per 128 steps (4 to 16 warps; main: 8, 4 above ``scan.WIDE_FEW_WARPS_ROWS``
   rows).
-- ``vt2048``: V-trace's one-row tiles of up to 2048 steps, as the other kernels' (``scan.WIDE_MAX_T_PER_KERNEL``).
+- ``vt2048``: V-trace's one-row tiles of up to 2048 steps on 4 warps too, as the other kernels'
+  (``scan.WIDE_4_WARPS_MAX_T``; up to ad197e7 it capped them at 1024 steps on any number of warps).
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
@@ -230,8 +231,8 @@ PATCHES = {
     "flip": {"chunk": _chunk_flip, "scan_tile_enter": _scan_tile_enter_flip, "next_column": _next_column_flip},
     "fliplb": {"chunk": _chunk_fliplb, "scan_tile_enter": _scan_tile_enter_fliplb, "next_column": _next_column_flip},
     "warpst": {"launch_config": _launch_config_warpst},
-    # V-trace's one-row tiles as wide as the others' (scan.WIDE_MAX_T_PER_KERNEL: 1024 steps on main)
-    "vt2048": {"WIDE_MAX_T_PER_KERNEL": {}},
+    # V-trace's one-row tiles as wide as the others' on 4 warps too (scan.WIDE_4_WARPS_MAX_T: 1024 steps on main)
+    "vt2048": {"WIDE_4_WARPS_MAX_T": {}},
     "row128": {"launch_config": _launch_config_row128},
 }
 

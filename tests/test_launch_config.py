@@ -20,10 +20,12 @@ pytestmark = [pytest.mark.triton,
 
 
 @pytest.mark.parametrize("shape,block_t,warps,vtrace_block_t", [
-    ((128, 1024, 1), 1024, 8, 1024), ((512, 2048, 1), 2048, 8, 1024), ((1000, 1000, 1), 1024, 4, 1024),
-    ((16, 3000, 1), 4096, 8, 1024), ((300, 3000, 1), 2048, 8, 1024), ((64, 129, 1), 256, 8, 256),
+    ((128, 1024, 1), 1024, 8, 1024), ((512, 2048, 1), 2048, 8, 2048), ((1000, 1000, 1), 1024, 4, 1024),
+    ((16, 3000, 1), 4096, 8, 2048), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
+    # on 4 warps V-trace's tiles are at most 1024 steps (WIDE_4_WARPS_MAX_T)
+    ((1000, 2048, 1), 2048, 4, 1024),
     # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back
-    ((64, 4096, 1), 2048, 8, 1024), ((512, 8192, 1), 2048, 8, 1024)])
+    ((64, 4096, 1), 2048, 8, 2048), ((512, 8192, 1), 2048, 8, 2048)])
 def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_t):
     cfg = scan.launch_config(_layout(shape), "_gae_fwd_kernel")
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"], cfg["LOOKBACK"]) == (1, block_t, warps, 0)
@@ -41,7 +43,7 @@ def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
     long_tile = kernel in scan.WIDE_LONG_KERNELS
     for shape in [(1, 2049, 1), (scan.WIDE_LONG_MAX_ROWS, 4095, 1)]:
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
-            wide = scan.WIDE_MAX_T_PER_KERNEL.get(kernel, scan.WIDE_MAX_T)
+            wide = scan.WIDE_MAX_T
             expected = scan.WIDE_LONG_T if long_tile and dtype != torch.float64 else wide
             assert scan.launch_config(_layout(shape, dtype), kernel)["BLOCK_T"] == expected, (shape, dtype)
     assert scan.launch_config(_layout((scan.WIDE_LONG_MAX_ROWS + 1, 3000, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
@@ -99,7 +101,7 @@ def test_wide_tiles_with_chunks_match_reference(algo, shape, monkeypatch):
     for the interpreter: every algorithm against its float64 reference, with carried states."""
     monkeypatch.setattr(scan, "MAX_BLOCK_T", 16)
     monkeypatch.setattr(scan, "WIDE_MAX_T", 32)
-    monkeypatch.setattr(scan, "WIDE_MAX_T_PER_KERNEL", {})
+    monkeypatch.setattr(scan, "WIDE_4_WARPS_MAX_T", {})
     cfg = scan.launch_config(_layout(shape))
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"]) == (1, 32)
     _compare(algo, shape, "random", seed=11, with_state=True)
@@ -113,7 +115,7 @@ def test_vtrace_wide_tiles_read_back_the_next_step(algo, pattern, shape, dtype, 
     """V-trace's one-row tiles over several warps read vs_(t+1) back from the output they stored (outputs of the
     accumulation dtype; bfloat16 keeps the gather): 256-step tiles over rows of 300 and 600 steps, walked in turn,
     so that the step after a tile's last one lies in the tile stored before it, and the last tile is partial."""
-    monkeypatch.setattr(scan, "WIDE_MAX_T_PER_KERNEL", {"_vtrace_fwd_kernel": 2 * scan.WARP_LOCAL_T.value})
+    monkeypatch.setattr(scan, "WIDE_MAX_T", 2 * scan.WARP_LOCAL_T.value)
     cfg = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["LOOKBACK"]) == (1, 256, 0)
     _compare(algo, shape, pattern, seed=7, with_state=True, dtype=dtype)

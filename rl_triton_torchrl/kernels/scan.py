@@ -138,19 +138,24 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # one row per program in one tile of up to WIDE_MAX_T steps, on WIDE_WARPS warps (4 above WIDE_FEW_WARPS_ROWS rows),
 # instead of 128-step chunks walked one after another by one warp per row. H200 (sweep_few_rows_odd_t.md), every
 # algorithm swept: 128 x 1024 GAE 18.8 -> 7.4 µs, V-trace 26.9 -> 9.0 µs; 512 x 2048 GAE 34.6 -> 14.0 µs; 1000 x 1024
-# GAE 21.6 -> 13.8 µs (4 warps). V-trace keeps tiles of up to 1024 steps (its registers: 512 x 2048 23 µs, was 50).
+# GAE 21.6 -> 13.8 µs (4 warps). On 4 warps the kernels of WIDE_4_WARPS_MAX_T keep tiles of at most that many
+# steps: V-trace 1024 (its registers; H100, ablate_vt2048_ad197e7.md: 1000 x 2048 36.1 µs against 45.0 in 2048-step
+# tiles). On WIDE_WARPS warps its tiles are as wide as the others' since it reads vs_(t+1) back from its output
+# (``vtrace``'s ``VS_RELOAD``; 80 -> 57 registers at 512 x 512): 512 x 2048 26.2 -> 22.3 µs, 100 x 1500 12.5 ->
+# 8.4, the rest level (16 x 2049 11.5 -> 11.7, 64 x 512 - 256 x 1024 within 0.1 µs).
 # Tried and not taken (bench_peers_rule_2e98857.md): from 512 rows on, 4 warps and tiles half as wide. By the 50-call
 # graph (sweep_lookback_wide.md) V-trace 1.1-1.3x faster at 512-1024 rows of 1024-2048 steps (512 x 2048 16.1 ->
 # 12.9 µs) and GAE up to 1.2x, but rows just past a tile (T = 1025, 2047: misaligned, one more chunk walked in turn)
 # 2.1-3.0x slower at 512-1000 rows (1000 x 1025 15.2 -> 46.3 µs).
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
-WIDE_MAX_T_PER_KERNEL = {"_vtrace_fwd_kernel": 1024}
+WIDE_4_WARPS_MAX_T = {"_vtrace_fwd_kernel": 1024}
 # At most WIDE_LONG_MAX_ROWS rows of 2049-4095 steps (under LOOKBACK_MIN_T) with float32 accumulation, in the kernels
 # of WIDE_LONG_KERNELS: one tile of up to WIDE_LONG_T steps instead of two walked in turn. H100
 # (ablate_wide4096_38feaf5.md), faster in every cell of 16-100 rows: 16 x 2049 GAE 10.7 -> 9.3 µs, 16 x 4095 14.1 ->
 # 10.8, 100 x 3072 12.5 -> 10.6, the discounted return 16 x 4095 12.6 -> 9.7; at 512 rows mixed (GAE 512 x 3072
 # 22.3 -> 24.3, 512 x 4095 36.7 -> 32.5), at 1000 rows slower (GAE 1000 x 3072 37.8 -> 44.5). Not measured for the
-# other kernels (V-trace keeps its 1024-step tiles; retrace_discrete's 2048-step tiles take 196 registers already).
+# other kernels (V-trace's tiles stay at most 2048 steps; retrace_discrete's 2048-step tiles take 196 registers
+# already).
 WIDE_LONG_MAX_ROWS, WIDE_LONG_T = 256, 4096
 WIDE_LONG_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel"})
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
@@ -765,12 +770,13 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     elif SHORT_MIN_T <= layout.T <= SHORT_T and layout.rows >= SHORT_BLOCK_R:
         block_r, num_warps = SHORT_BLOCK_R, SHORT_WARPS
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
-        max_t = WIDE_MAX_T_PER_KERNEL.get(kernel_name, WIDE_MAX_T)
+        few_warps = layout.rows <= WIDE_FEW_WARPS_ROWS
+        max_t = WIDE_MAX_T if few_warps else WIDE_4_WARPS_MAX_T.get(kernel_name, WIDE_MAX_T)
         if (kernel_name in WIDE_LONG_KERNELS and layout.rows <= WIDE_LONG_MAX_ROWS and layout.T < LOOKBACK_MIN_T
                 and layout.acc_dtype == torch.float32):
             max_t = WIDE_LONG_T
         block_t = min(_pow2(layout.T), max_t)
-        block_r, num_warps = 1, (WIDE_WARPS if layout.rows <= WIDE_FEW_WARPS_ROWS else 4)
+        block_r, num_warps = 1, (WIDE_WARPS if few_warps else 4)
     elif (kernel_name in TILE256_STAGES.get(layout.dtype.itemsize, ()) and layout.inner == 1
           and layout.T >= TILE256_MIN_T and layout.rows >= TILE256_MIN_ROWS):
         block_r, block_t, num_warps = TILE256_BLOCK_R, TILE256_T, TILE256_BLOCK_R
@@ -1072,7 +1078,7 @@ _CONFIG_NAMES = frozenset({
     "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
-    "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_MAX_T_PER_KERNEL",
+    "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_4_WARPS_MAX_T",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
     "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS", "WINDOW_KERNELS", "WINDOW_MIN_CHUNKS",
 })
