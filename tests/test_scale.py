@@ -31,25 +31,45 @@ def _bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
+def _allocations(snapshot: dict, min_bytes: int) -> list[str]:
+    """The allocations of at least ``min_bytes`` in a recorded memory trace (``torch.cuda.memory._snapshot``), each
+    with the innermost Python frames outside torch that made it."""
+    found = []
+    for trace in snapshot.get("device_traces", []):
+        for event in trace:
+            if event.get("action") == "alloc" and event.get("size", 0) >= min_bytes:
+                frames = [f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}" for f in event.get("frames", [])
+                          if "/torch/" not in f["filename"]][:5]
+                found.append(f"{event['size'] / MiB:.1f} MiB at " + " <- ".join(frames))
+    return found
+
+
 def _measured_call(label, fn, inputs, allowance=WORKSPACE):
     """Runs ``fn()`` once, prints its figures, and asserts that the device memory it took beyond ``inputs`` (already
-    allocated) is at most its outputs plus ``allowance``."""
+    allocated) is at most its outputs plus ``allowance``; the failure lists every allocation of 1 MiB or more the call
+    made (its memory is recorded: an extra allocation was seen in runs on several workers only, never alone)."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    out = as_tuple(fn())
-    end.record()
-    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=10_000)
+    try:
+        start.record()
+        out = as_tuple(fn())
+        end.record()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
     extra = torch.cuda.max_memory_allocated() - before
     out_bytes = _bytes(out)
     print(f"\nSCALE {label}: inputs {_bytes(inputs) / GiB:.2f} GiB, outputs {out_bytes / GiB:.2f} GiB, "
           f"peak - before {extra / GiB:.3f} GiB, workspace {(extra - out_bytes) / MiB:.1f} MiB, "
           f"{start.elapsed_time(end):.1f} ms ({torch.cuda.get_device_name()})", flush=True)
     assert extra <= out_bytes + allowance, (f"{label}: the call took {(extra - out_bytes) / MiB:.1f} MiB beyond its "
-                                            f"outputs (allowed {allowance / MiB:.1f} MiB)")
+                                            f"outputs (allowed {allowance / MiB:.1f} MiB); its allocations:\n"
+                                            + "\n".join(_allocations(snapshot, MiB)))
     return out
 
 
