@@ -40,6 +40,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   rows).
 - ``vt2048``: V-trace's one-row tiles of up to 2048 steps on 4 warps too, as the other kernels'
   (``scan.WIDE_4_WARPS_MAX_T``; up to ad197e7 it capped them at 1024 steps on any number of warps).
+- ``vtnolong``: V-trace without the one-row tiles of up to 4096 steps for few rows of 2049-4095 steps
+  (``scan.WIDE_LONG_KERNELS``): 2048-step tiles walked in turn.
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
@@ -181,17 +183,17 @@ def _next_column_flip(b_x, b_last):
         return _NEXT_COLUMN(b_x, b_last)
 
 
-def _launch_config_warpst(layout, kernel_name=None):
+def _launch_config_warpst(layout, kernel_name=None, shifted=False):
     # one-row tiles (not look-back chunks) on one warp per 128 steps, 4 to 16 (main: 8, 4 above 512 rows)
-    cfg = _LAUNCH_CONFIG(layout, kernel_name)
+    cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
     if cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and cfg["BLOCK_T"] > _scan.MAX_BLOCK_T:
         cfg["num_warps"] = max(4, min(16, cfg["BLOCK_T"] // 128))
     return cfg
 
 
-def _launch_config_row128(layout, kernel_name=None):
+def _launch_config_row128(layout, kernel_name=None, shifted=False):
     # at most 1024 rows of 9-128 steps: one row per program on one warp (main: 4 rows per program on 4 warps)
-    cfg = _LAUNCH_CONFIG(layout, kernel_name)
+    cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
     if (cfg["BLOCK_T"] == _scan.MAX_BLOCK_T and layout.T <= _scan.MAX_BLOCK_T and layout.rows <= 1024
             and not cfg["LOOKBACK"] and cfg["BLOCK_R"] > 1):
         cfg.update(grid=(layout.rows,), BLOCK_R=1, num_warps=1)
@@ -233,6 +235,8 @@ PATCHES = {
     "warpst": {"launch_config": _launch_config_warpst},
     # V-trace's one-row tiles as wide as the others' on 4 warps too (scan.WIDE_4_WARPS_MAX_T: 1024 steps on main)
     "vt2048": {"WIDE_4_WARPS_MAX_T": {}},
+    # V-trace without the one-row tiles of up to 4096 steps for few rows of 2049-4095 steps (scan.WIDE_LONG_KERNELS)
+    "vtnolong": {"WIDE_LONG_KERNELS": _scan.WIDE_LONG_KERNELS - {"_vtrace_fwd_kernel"}},
     "row128": {"launch_config": _launch_config_row128},
 }
 

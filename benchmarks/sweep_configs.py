@@ -229,7 +229,8 @@ def _noting(launch_config, seen: list):
 
 
 def _patched(cfg):
-    def launch_config(layout, kernel_name=None):  # every kernel alike: no register cap unless cfg names one
+    def launch_config(layout, kernel_name=None, shifted=False):  # every kernel and mode alike: no register cap
+        # unless cfg names one
         c = {k: v for k, v in cfg.items() if k != "mode"}
         c.setdefault("LOOKBACK", 0)
         if c["LOOKBACK"]:

@@ -12,7 +12,7 @@ import torch
 
 from _algos import TABLE
 from rl_triton_torchrl.kernels import scan
-from test_launch_modes import _compare, _layout
+from test_launch_modes import _compare, _layout, _spy_launches
 
 pytestmark = [pytest.mark.triton,
               pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.triton,
 
 @pytest.mark.parametrize("shape,block_t,warps,vtrace_block_t", [
     ((128, 1024, 1), 1024, 8, 1024), ((512, 2048, 1), 2048, 8, 2048), ((1000, 1000, 1), 1024, 4, 1024),
-    ((16, 3000, 1), 4096, 8, 2048), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
+    ((16, 3000, 1), 4096, 8, 4096), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
     # on 4 warps V-trace's tiles are at most 1024 steps (WIDE_4_WARPS_MAX_T)
     ((1000, 2048, 1), 2048, 4, 1024),
     # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back
@@ -33,6 +33,10 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
     assert "maxnreg" not in cfg  # register caps are for the 128-step row tiles
     if shape[1] < scan.LOOKBACK_MIN_T or shape[0] < scan.LOOKBACK_MANY_ROWS:
         assert scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")["BLOCK_T"] == vtrace_block_t
+        # V-trace's shifted input mode keeps tiles of at most 1024 steps (WIDE_SHIFTED_MAX_T); GAE's takes its tile
+        shifted = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel", shifted=True)
+        assert (shifted["BLOCK_T"], shifted["num_warps"]) == (min(vtrace_block_t, 1024), warps)
+        assert scan.launch_config(_layout(shape), "_gae_fwd_kernel", shifted=True) == cfg
 
 
 @pytest.mark.parametrize("kernel", sorted(scan.KERNELS))
@@ -46,6 +50,8 @@ def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
             wide = scan.WIDE_MAX_T
             expected = scan.WIDE_LONG_T if long_tile and dtype != torch.float64 else wide
             assert scan.launch_config(_layout(shape, dtype), kernel)["BLOCK_T"] == expected, (shape, dtype)
+            shifted = scan.launch_config(_layout(shape, dtype), kernel, shifted=True)["BLOCK_T"]
+            assert shifted == min(expected, scan.WIDE_SHIFTED_MAX_T.get(kernel, expected)), (shape, dtype)
     assert scan.launch_config(_layout((scan.WIDE_LONG_MAX_ROWS + 1, 3000, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
     assert scan.launch_config(_layout((16, 2048, 1)), kernel)["BLOCK_T"] <= 2048
     assert scan.launch_config(_layout((16, 4096, 1)), kernel)["LOOKBACK"] == scan.LOOKBACK_WINDOW
@@ -53,7 +59,7 @@ def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
 
 @pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
                                          ("discounted", "_td_lambda_fwd_kernel"), ("traces", "_prefix_sum_fwd_kernel"),
-                                         ("sum_after_done", "_prefix_sum_fwd_kernel")])
+                                         ("sum_after_done", "_prefix_sum_fwd_kernel"), ("vtrace", "_vtrace_fwd_kernel")])
 def test_one_tile_of_4096_steps_matches_reference(algo, kernel):
     """One 4096-step tile over 3 rows of 2500 steps (the rows' tail masked), with carried states."""
     assert scan.launch_config(_layout((3, 2500, 1)), kernel)["BLOCK_T"] == scan.WIDE_LONG_T
@@ -101,9 +107,11 @@ def test_wide_tiles_with_chunks_match_reference(algo, shape, monkeypatch):
     for the interpreter: every algorithm against its float64 reference, with carried states."""
     monkeypatch.setattr(scan, "MAX_BLOCK_T", 16)
     monkeypatch.setattr(scan, "WIDE_MAX_T", 32)
+    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", 0)  # (its WIDE_LONG_T-step tiles would take the rows whole)
     monkeypatch.setattr(scan, "WIDE_4_WARPS_MAX_T", {})
-    cfg = scan.launch_config(_layout(shape))
-    assert (cfg["BLOCK_R"], cfg["BLOCK_T"]) == (1, 32)
+    for kernel in scan.KERNELS:
+        cfg = scan.launch_config(_layout(shape), kernel)
+        assert (cfg["BLOCK_R"], cfg["BLOCK_T"]) == (1, 32), kernel
     _compare(algo, shape, "random", seed=11, with_state=True)
 
 
@@ -116,9 +124,22 @@ def test_vtrace_wide_tiles_read_back_the_next_step(algo, pattern, shape, dtype, 
     accumulation dtype; bfloat16 keeps the gather): 256-step tiles over rows of 300 and 600 steps, walked in turn,
     so that the step after a tile's last one lies in the tile stored before it, and the last tile is partial."""
     monkeypatch.setattr(scan, "WIDE_MAX_T", 2 * scan.WARP_LOCAL_T.value)
+    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", 0)
     cfg = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["LOOKBACK"]) == (1, 256, 0)
     _compare(algo, shape, pattern, seed=7, with_state=True, dtype=dtype)
+
+
+@pytest.mark.parametrize("algo,block_t", [("vtrace", 256), ("vtrace_shifted", 128)])
+def test_vtrace_shifted_mode_takes_its_own_tile_width(algo, block_t, monkeypatch):
+    """The launch passes V-trace's input mode to the rule: its shifted mode takes tiles of at most
+    WIDE_SHIFTED_MAX_T steps (here 128 against the others' 256), and both modes still match their references."""
+    monkeypatch.setattr(scan, "WIDE_MAX_T", 256)
+    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", 0)
+    monkeypatch.setattr(scan, "WIDE_SHIFTED_MAX_T", {"_vtrace_fwd_kernel": 128})
+    seen = _spy_launches(monkeypatch, "BLOCK_T")
+    _compare(algo, (3, 300, 1), "random", seed=9, with_state=True)
+    assert seen == [block_t]
 
 
 @pytest.mark.parametrize("pattern", ["none", "all", "trunc_last"])

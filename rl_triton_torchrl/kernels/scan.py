@@ -142,22 +142,30 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # steps: V-trace 1024 (its registers; H100, ablate_vt2048_ad197e7.md: 1000 x 2048 36.1 µs against 45.0 in 2048-step
 # tiles). On WIDE_WARPS warps its tiles are as wide as the others' since it reads vs_(t+1) back from its output
 # (``vtrace``'s ``VS_RELOAD``; 80 -> 57 registers at 512 x 512): 512 x 2048 26.2 -> 22.3 µs, 100 x 1500 12.5 ->
-# 8.4, the rest level (16 x 2049 11.5 -> 11.7, 64 x 512 - 256 x 1024 within 0.1 µs).
+# 8.4, the rest level (16 x 2049 11.5 -> 11.7, 64 x 512 - 256 x 1024 within 0.1 µs). In their shifted input mode
+# (``SHIFTED``: the next values read one step on) the kernels of WIDE_SHIFTED_MAX_T keep tiles of at most that many
+# steps on any number of warps: V-trace's 2048-step tiles take 144 registers in it (107 with next values) and were
+# slower, 512 x 2048 without truncations 12.7 -> 15.4 µs by the 50-call graph (bench_peers_vtrace_ad197e7.md,
+# bench_peers_vtrace_9af10db.md), while the same cell with next values went 14.3 -> 11.7.
 # Tried and not taken (bench_peers_rule_2e98857.md): from 512 rows on, 4 warps and tiles half as wide. By the 50-call
 # graph (sweep_lookback_wide.md) V-trace 1.1-1.3x faster at 512-1024 rows of 1024-2048 steps (512 x 2048 16.1 ->
 # 12.9 µs) and GAE up to 1.2x, but rows just past a tile (T = 1025, 2047: misaligned, one more chunk walked in turn)
 # 2.1-3.0x slower at 512-1000 rows (1000 x 1025 15.2 -> 46.3 µs).
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_4_WARPS_MAX_T = {"_vtrace_fwd_kernel": 1024}
-# At most WIDE_LONG_MAX_ROWS rows of 2049-4095 steps (under LOOKBACK_MIN_T) with float32 accumulation, in the kernels
-# of WIDE_LONG_KERNELS: one tile of up to WIDE_LONG_T steps instead of two walked in turn. H100
-# (ablate_wide4096_38feaf5.md), faster in every cell of 16-100 rows: 16 x 2049 GAE 10.7 -> 9.3 µs, 16 x 4095 14.1 ->
-# 10.8, 100 x 3072 12.5 -> 10.6, the discounted return 16 x 4095 12.6 -> 9.7; at 512 rows mixed (GAE 512 x 3072
-# 22.3 -> 24.3, 512 x 4095 36.7 -> 32.5), at 1000 rows slower (GAE 1000 x 3072 37.8 -> 44.5). Not measured for the
-# other kernels (V-trace's tiles stay at most 2048 steps; retrace_discrete's 2048-step tiles take 196 registers
-# already).
+WIDE_SHIFTED_MAX_T = {"_vtrace_fwd_kernel": 1024}
+# At most WIDE_LONG_MAX_ROWS rows of more than WIDE_MAX_T steps and fewer than LOOKBACK_MIN_T (2049-4095) with float32
+# accumulation, in the kernels of WIDE_LONG_KERNELS: one tile of up to WIDE_LONG_T steps instead of two walked in
+# turn. H100 (ablate_wide4096_38feaf5.md), faster in every cell of 16-100 rows: 16 x 2049 GAE 10.7 -> 9.3 µs, 16 x
+# 4095 14.1 -> 10.8, 100 x 3072 12.5 -> 10.6, the discounted return 16 x 4095 12.6 -> 9.7; at 512 rows mixed (GAE
+# 512 x 3072 22.3 -> 24.3, 512 x 4095 36.7 -> 32.5), at 1000 rows slower (GAE 1000 x 3072 37.8 -> 44.5); at 128 and
+# 256 rows faster, at 384 level (ablate_fewrows_06ace1c.md: GAE 128 x 3072 12.3 -> 10.9, 256 x 4095 21.2 -> 18.4).
+# V-trace (its next-values mode: WIDE_SHIFTED_MAX_T caps the shifted one) since its vs_(t+1) is read back: the
+# V-trace cliff sweep at 9af10db (bench_peers_cliffs_vtrace_9af10db.md) had its 2048-step tiles at 64 x 2049 2.0x
+# the per-element time of 64 x 2048 (12.6 µs); retrace_discrete's 2048-step tiles take 196 registers already.
 WIDE_LONG_MAX_ROWS, WIDE_LONG_T = 256, 4096
-WIDE_LONG_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel"})
+WIDE_LONG_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel",
+                               "_vtrace_fwd_kernel"})
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
 # few steps wide over many rows read whole lines. Sequences of at most TIME_MAJOR_MAX_T steps whose time dimension
 # strides over at least TIME_MAJOR_MIN_ROWS rows (``layout.inner``), for the kernels in TIME_MAJOR_KERNELS: tiles of
@@ -733,8 +741,9 @@ def _param_names(name: str) -> tuple[str, ...]:
     return f"{name}_ptr", f"s_{name}_o", f"s_{name}_t", f"s_{name}_i", f"{name.upper()}_TENSOR"
 
 
-def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
-    """Tile sizes, grid and mode of a launch of the kernel ``kernel_name`` over ``layout``.
+def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool = False) -> dict:
+    """Tile sizes, grid and mode of a launch of the kernel ``kernel_name`` over ``layout`` (``shifted``: in its
+    shifted input mode, the kernel's ``SHIFTED``).
 
     One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps (short
     sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
@@ -772,9 +781,11 @@ def launch_config(layout: Layout, kernel_name: str | None = None) -> dict:
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
         few_warps = layout.rows <= WIDE_FEW_WARPS_ROWS
         max_t = WIDE_MAX_T if few_warps else WIDE_4_WARPS_MAX_T.get(kernel_name, WIDE_MAX_T)
-        if (kernel_name in WIDE_LONG_KERNELS and layout.rows <= WIDE_LONG_MAX_ROWS and layout.T < LOOKBACK_MIN_T
-                and layout.acc_dtype == torch.float32):
+        if (kernel_name in WIDE_LONG_KERNELS and layout.rows <= WIDE_LONG_MAX_ROWS
+                and WIDE_MAX_T < layout.T < LOOKBACK_MIN_T and layout.acc_dtype == torch.float32):
             max_t = WIDE_LONG_T
+        if shifted:
+            max_t = min(max_t, WIDE_SHIFTED_MAX_T.get(kernel_name, max_t))
         block_t = min(_pow2(layout.T), max_t)
         block_r, num_warps = 1, (WIDE_WARPS if few_warps else 4)
     elif (kernel_name in TILE256_STAGES.get(layout.dtype.itemsize, ()) and layout.inner == 1
@@ -1004,7 +1015,7 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
             number_slots.append(name)
     h0, ht = state_buffers(layout, initial_state, output_final_state)
     slots += ["h0_ptr"] * (h0 is not None) + number_slots + ["ht_ptr"] * (ht is not None)
-    cfg = dict(launch_config(layout, lean.name))
+    cfg = dict(launch_config(layout, lean.name, bool(constexprs.get("SHIFTED"))))
     grid, num_warps, maxnreg = cfg.pop("grid"), cfg.pop("num_warps"), cfg.pop("maxnreg", None)
     stepping = [x for x, (_, s_t, _) in zip(inputs.values(), strides) if s_t] + list(outputs.values())
     cfg["WINDOW"] = _aligned_window(layout, cfg, lean.name, fixed_t, stepping)
@@ -1078,7 +1089,7 @@ _CONFIG_NAMES = frozenset({
     "LOOKBACK_WARPS", "LOOKBACK_SEGMENT_T", "LOOKBACK_SEGMENTS", "LOOKBACK_SEGMENTED", "REGISTER_CAPS",
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
-    "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_4_WARPS_MAX_T",
+    "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_4_WARPS_MAX_T", "WIDE_SHIFTED_MAX_T",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
     "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS", "WINDOW_KERNELS", "WINDOW_MIN_CHUNKS",
 })
