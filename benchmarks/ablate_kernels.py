@@ -40,8 +40,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   rows).
 - ``vt2048``: V-trace's one-row tiles of up to 2048 steps on 4 warps too, as the other kernels'
   (``scan.WIDE_4_WARPS_MAX_T``; up to ad197e7 it capped them at 1024 steps on any number of warps).
-- ``vtnolong``: V-trace without the one-row tiles of up to 4096 steps for few rows of 2049-4095 steps
-  (``scan.WIDE_LONG_KERNELS``): 2048-step tiles walked in turn.
+- ``vtlong``: V-trace's one-row tiles of up to 4096 steps for few rows of 2049-4095 steps, as GAE's
+  (``scan.WIDE_LONG_KERNELS``; main: 2048-step tiles walked in turn).
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
@@ -235,8 +235,8 @@ PATCHES = {
     "warpst": {"launch_config": _launch_config_warpst},
     # V-trace's one-row tiles as wide as the others' on 4 warps too (scan.WIDE_4_WARPS_MAX_T: 1024 steps on main)
     "vt2048": {"WIDE_4_WARPS_MAX_T": {}},
-    # V-trace without the one-row tiles of up to 4096 steps for few rows of 2049-4095 steps (scan.WIDE_LONG_KERNELS)
-    "vtnolong": {"WIDE_LONG_KERNELS": _scan.WIDE_LONG_KERNELS - {"_vtrace_fwd_kernel"}},
+    # V-trace's one-row tiles of up to 4096 steps for few rows of 2049-4095 steps (scan.WIDE_LONG_KERNELS)
+    "vtlong": {"WIDE_LONG_KERNELS": _scan.WIDE_LONG_KERNELS | {"_vtrace_fwd_kernel"}},
     "row128": {"launch_config": _launch_config_row128},
 }
 

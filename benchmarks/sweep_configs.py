@@ -221,8 +221,8 @@ PRESETS = {
 
 def _noting(launch_config, seen: list):
     """``launch_config`` itself, noting the configuration of every launch in ``seen``."""
-    def noted(layout, kernel_name=None):
-        cfg = launch_config(layout, kernel_name)
+    def noted(layout, kernel_name=None, shifted=False):
+        cfg = launch_config(layout, kernel_name, shifted)
         seen.append(cfg)
         return cfg
     return noted

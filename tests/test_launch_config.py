@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.triton,
 
 @pytest.mark.parametrize("shape,block_t,warps,vtrace_block_t", [
     ((128, 1024, 1), 1024, 8, 1024), ((512, 2048, 1), 2048, 8, 2048), ((1000, 1000, 1), 1024, 4, 1024),
-    ((16, 3000, 1), 4096, 8, 4096), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
+    ((16, 3000, 1), 4096, 8, 2048), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
     # on 4 warps V-trace's tiles are at most 1024 steps (WIDE_4_WARPS_MAX_T)
     ((1000, 2048, 1), 2048, 4, 1024),
     # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back
@@ -59,7 +59,7 @@ def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
 
 @pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
                                          ("discounted", "_td_lambda_fwd_kernel"), ("traces", "_prefix_sum_fwd_kernel"),
-                                         ("sum_after_done", "_prefix_sum_fwd_kernel"), ("vtrace", "_vtrace_fwd_kernel")])
+                                         ("sum_after_done", "_prefix_sum_fwd_kernel")])
 def test_one_tile_of_4096_steps_matches_reference(algo, kernel):
     """One 4096-step tile over 3 rows of 2500 steps (the rows' tail masked), with carried states."""
     assert scan.launch_config(_layout((3, 2500, 1)), kernel)["BLOCK_T"] == scan.WIDE_LONG_T

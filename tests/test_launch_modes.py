@@ -109,9 +109,9 @@ def test_narrow_time_tiles(algo, shape, block_t, block_r, monkeypatch):
     ``[T, N, 1]`` at time_dim 0) and batch-major rows, with carried states."""
     default = scan.launch_config
 
-    def narrow(layout, kernel_name=None):
-        return {**default(layout, kernel_name), "grid": (scan._cdiv(layout.rows, block_r),), "BLOCK_R": block_r,
-                "BLOCK_T": block_t, "LOOKBACK": 0, "maxnreg": None}
+    def narrow(layout, kernel_name=None, shifted=False):
+        return {**default(layout, kernel_name, shifted), "grid": (scan._cdiv(layout.rows, block_r),),
+                "BLOCK_R": block_r, "BLOCK_T": block_t, "LOOKBACK": 0, "maxnreg": None}
 
     monkeypatch.setattr(scan, "launch_config", narrow)
     _compare(algo, shape, "random", seed=5, with_state=True)
@@ -123,8 +123,8 @@ def test_warp_row_tiles_of_256_steps(algo, monkeypatch):
     lane, a 16-byte load of 16-bit values), rows of several chunks and a partial last one, with carried states."""
     default = scan.launch_config
 
-    def wide(layout, kernel_name=None):
-        return {**default(layout, kernel_name), "grid": (scan._cdiv(layout.rows, 2),), "BLOCK_R": 2,
+    def wide(layout, kernel_name=None, shifted=False):
+        return {**default(layout, kernel_name, shifted), "grid": (scan._cdiv(layout.rows, 2),), "BLOCK_R": 2,
                 "BLOCK_T": 2 * scan.WARP_LOCAL_T, "LOOKBACK": 0, "maxnreg": None}
 
     monkeypatch.setattr(scan, "launch_config", wide)

@@ -160,12 +160,12 @@ WIDE_SHIFTED_MAX_T = {"_vtrace_fwd_kernel": 1024}
 # 4095 14.1 -> 10.8, 100 x 3072 12.5 -> 10.6, the discounted return 16 x 4095 12.6 -> 9.7; at 512 rows mixed (GAE
 # 512 x 3072 22.3 -> 24.3, 512 x 4095 36.7 -> 32.5), at 1000 rows slower (GAE 1000 x 3072 37.8 -> 44.5); at 128 and
 # 256 rows faster, at 384 level (ablate_fewrows_06ace1c.md: GAE 128 x 3072 12.3 -> 10.9, 256 x 4095 21.2 -> 18.4).
-# V-trace (its next-values mode: WIDE_SHIFTED_MAX_T caps the shifted one) since its vs_(t+1) is read back: the
-# V-trace cliff sweep at 9af10db (bench_peers_cliffs_vtrace_9af10db.md) had its 2048-step tiles at 64 x 2049 2.0x
-# the per-element time of 64 x 2048 (12.6 µs); retrace_discrete's 2048-step tiles take 196 registers already.
+# Not measured for V-trace, whose 2048-step tiles at 64 x 2049 took 2.0x the per-element time of 64 x 2048 in its
+# cliff sweep (bench_peers_cliffs_vtrace_9af10db.md, 12.6 µs): its 4096-step tiles compile to 156-184 registers
+# (sm_90 SASS at 16 x 3000 and 100 x 4095); ``ablate_kernels.py --variants base,vtlong`` is the A/B.
+# retrace_discrete's 2048-step tiles take 196 registers already.
 WIDE_LONG_MAX_ROWS, WIDE_LONG_T = 256, 4096
-WIDE_LONG_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel",
-                               "_vtrace_fwd_kernel"})
+WIDE_LONG_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel"})
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
 # few steps wide over many rows read whole lines. Sequences of at most TIME_MAJOR_MAX_T steps whose time dimension
 # strides over at least TIME_MAJOR_MIN_ROWS rows (``layout.inner``), for the kernels in TIME_MAJOR_KERNELS: tiles of
