@@ -116,18 +116,21 @@ def test_wide_tiles_with_chunks_match_reference(algo, shape, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape", [(3, 600, 1), (2, 300, 2)], ids=["B3-T600", "B2-T300-F2"])
+@pytest.mark.parametrize("shape", [(3, 600, 1), (2, 300, 2), (3, 301, 1)], ids=["B3-T600", "B2-T300-F2", "B3-T301"])
 @pytest.mark.parametrize("pattern", ["random", "none", "all"])
 @pytest.mark.parametrize("algo", ["vtrace", "vtrace_shifted"])
 def test_vtrace_wide_tiles_read_back_the_next_step(algo, pattern, shape, dtype, monkeypatch):
     """V-trace's one-row tiles over several warps read vs_(t+1) back from the output they stored (outputs of the
-    accumulation dtype; bfloat16 keeps the gather): 256-step tiles over rows of 300 and 600 steps, walked in turn,
-    so that the step after a tile's last one lies in the tile stored before it, and the last tile is partial."""
+    accumulation dtype; bfloat16 keeps the gather): 256-step tiles over rows of 300, 301 and 600 steps, walked in
+    turn, so that the step after a tile's last one lies in the tile stored before it, and the last tile is partial
+    (301 steps: rows off the 16-byte grid, stored through aligned windows and read back one step on)."""
     monkeypatch.setattr(scan, "WIDE_MAX_T", 2 * scan.WARP_LOCAL_T.value)
     monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", 0)
     cfg = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["LOOKBACK"]) == (1, 256, 0)
+    windows = _spy_launches(monkeypatch, "WINDOW")
     _compare(algo, shape, pattern, seed=7, with_state=True, dtype=dtype)
+    assert windows == [shape[1] == 301 and dtype == torch.float32]
 
 
 @pytest.mark.parametrize("algo,block_t", [("vtrace", 256), ("vtrace_shifted", 128)])
