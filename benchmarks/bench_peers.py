@@ -929,8 +929,14 @@ def host_kernel_calls(x: dict, backend: str = BACKEND) -> dict:
     calls["retrace"] = lambda: K.retrace(v, nv, r, d, t, ratio=ratio, gamma=GAMMA, lmbda=LMBDA, **kw)
     a = (GAMMA * LMBDA * (~d).float()).contiguous()
     calls["linear_scan"] = lambda: K.linear_scan(a, r, reverse=True, **kw)
+    # retrace_discrete in its shifted input mode too (the next step's pi and Q read one step on: two per-action
+    # tensors, as rl-triton reads, where the call above reads four)
+    calls[SHIFTED_RETRACE] = make_ours("retrace_discrete", for_truncation(x, "without"), backend)[0]
     names = {"td_lambda": "td_lambda_return"}
     return {names.get(k, k): fn for k, fn in calls.items()}
+
+
+SHIFTED_RETRACE = "retrace_discrete_shifted"  # the host part's name of retrace_discrete's shifted-mode call
 
 
 FUNCTIONALS = ("generalized_advantage_estimate", "vec_generalized_advantage_estimate", "td0_return_estimate",
@@ -988,12 +994,13 @@ def part_host(run: Run):
         if run.left_s("host") <= 0:
             run.rows.append({**base, "kind": "kernels", "name": name, "status": "not run (budget spent)"})
             continue
-        row = {**base, "kind": "kernels", "name": name, "algorithm": name if name != "td_lambda_return" else
-               "td_lambda", "call": f"rl_triton_torchrl.kernels.{name}"}
+        algo = {"td_lambda_return": "td_lambda", SHIFTED_RETRACE: "retrace_discrete"}.get(name, name)
+        row = {**base, "kind": "kernels", "name": name, "algorithm": algo,
+               "call": f"rl_triton_torchrl.kernels.{'retrace_discrete' if name == SHIFTED_RETRACE else name}"}
         checks = []
-        if row["algorithm"] in ALGORITHMS:
-            algo = row["algorithm"]
-            xa = xs if algo in TRUNCATION_ALGOS else for_truncation(x, "n/a")
+        if algo in ALGORITHMS:
+            xa = (xs if algo in TRUNCATION_ALGOS and name != SHIFTED_RETRACE
+                  else for_truncation(x, "without" if name == SHIFTED_RETRACE else "n/a"))
             want = reference(algo, xa, rows)
             checks = [("max_err", lambda out, w=want: compare([o[rows] for o in out[:len(w)]], w, "ours vs float64"))]
         check_impl(row, fn, [], checks)

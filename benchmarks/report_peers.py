@@ -34,7 +34,7 @@ from pathlib import Path
 
 PEERS = ("rl_triton", "pufferlib")
 PEER_NAMES = {"rl_triton": "rl-triton", "pufferlib": "PufferLib"}
-HOST_BOUND_US = {"retrace_discrete": 15.0}
+HOST_BOUND_US = {"retrace_discrete": 15.0, "retrace_discrete_shifted": 15.0}  # (its shifted input mode)
 HOST_DEFAULT_US, MODULE_US = 10.0, 30.0
 FIRST_FRESH_S, FIRST_WARM_S = 0.3, 0.02
 CLIFF_RATIO = 1.25

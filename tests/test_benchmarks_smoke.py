@@ -197,7 +197,9 @@ def test_bench_peers_smoke(tmp_path):
     assert {(r["B"], r["T"]) for r in cliffs} == {(B, T) for B in (1, 3) for T in range(1, 6)}
     assert {r["status"] for r in cliffs} == {"ok"}
     host = {r["name"]: r for r in rows if r["part"] == "host"}
-    assert {"gae", "retrace_discrete", "td_lambda_advantage", "retrace", "linear_scan"} <= set(host)
+    assert {"gae", "retrace_discrete", "retrace_discrete_shifted", "td_lambda_advantage", "retrace",
+            "linear_scan"} <= set(host)
+    assert host["retrace_discrete_shifted"]["max_err"] < 1e-4  # its shifted mode, checked like the others
     assert {r["status"] for r in host.values()} == {"ok"}
     first = [r for r in rows if r["part"] == "first_call"]
     for cache in ("fresh", "warm"):
