@@ -994,13 +994,14 @@ def part_host(run: Run):
         if run.left_s("host") <= 0:
             run.rows.append({**base, "kind": "kernels", "name": name, "status": "not run (budget spent)"})
             continue
+        shifted = name == SHIFTED_RETRACE
         algo = {"td_lambda_return": "td_lambda", SHIFTED_RETRACE: "retrace_discrete"}.get(name, name)
         row = {**base, "kind": "kernels", "name": name, "algorithm": algo,
-               "call": f"rl_triton_torchrl.kernels.{'retrace_discrete' if name == SHIFTED_RETRACE else name}"}
+               "call": f"rl_triton_torchrl.kernels.{algo if shifted else name}"}
         checks = []
         if algo in ALGORITHMS:
-            xa = (xs if algo in TRUNCATION_ALGOS and name != SHIFTED_RETRACE
-                  else for_truncation(x, "without" if name == SHIFTED_RETRACE else "n/a"))
+            xa = (for_truncation(x, "without") if shifted else xs if algo in TRUNCATION_ALGOS
+                  else for_truncation(x, "n/a"))
             want = reference(algo, xa, rows)
             checks = [("max_err", lambda out, w=want: compare([o[rows] for o in out[:len(w)]], w, "ours vs float64"))]
         check_impl(row, fn, [], checks)
