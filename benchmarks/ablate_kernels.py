@@ -43,6 +43,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``vtlong``: V-trace's one-row tiles of up to 4096 steps for few rows of 2049-4095 steps, as GAE's
   (``scan.WIDE_LONG_KERNELS``; main: 2048-step tiles walked in turn).
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
+- ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
+  unless the final state is stored: ``scan.scan_tile_enter``).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -73,13 +75,13 @@ ALGORITHMS = "gae,discounted_return,vtrace,td_lambda"
 
 @triton.jit
 def _scan_tile_enter_noscan(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
-                            n_chunks, LOOKBACK: tl.constexpr):
+                            n_chunks, LOOKBACK: tl.constexpr, STORE_FINAL_STATE: tl.constexpr):
     return b_a + b_b, b_h0, b_h0
 
 
 @triton.jit
 def _scan_tile_noscan(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c, n_chunks,
-                      LOOKBACK: tl.constexpr):
+                      LOOKBACK: tl.constexpr, STORE_FINAL_STATE: tl.constexpr):
     return b_a + b_b, b_h0
 
 
@@ -112,10 +114,17 @@ _SCAN_TILE_ENTER = _scan.scan_tile_enter
 
 @triton.jit
 def _scan_tile_enter_fwdfake(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
-                             n_chunks, LOOKBACK: tl.constexpr):
+                             n_chunks, LOOKBACK: tl.constexpr, STORE_FINAL_STATE: tl.constexpr):
     # the forward scan in place of the reverse one: wrong numbers, the work a reverse scan without Triton's data
     # reversal would do (an upper bound on what removing it can give)
-    return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+    return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK, STORE_FINAL_STATE)
+
+
+@triton.jit
+def _scan_tile_enter_exitall(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
+                             n_chunks, LOOKBACK: tl.constexpr, STORE_FINAL_STATE: tl.constexpr):
+    # the state leaving every tile computed, read or not (up to this variant's commit)
+    return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK, True)
 
 
 # the core's own chunk and launch rule, kept before any variant replaces them
@@ -154,20 +163,20 @@ def _chunk_fliplb(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl
 
 @triton.jit
 def _scan_tile_enter_flip(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
-                          n_chunks, LOOKBACK: tl.constexpr):
+                          n_chunks, LOOKBACK: tl.constexpr, STORE_FINAL_STATE: tl.constexpr):
     if REVERSE and b_a.shape[0] == 1 and b_a.shape[1] > WARP_LOCAL_T and not LOOKBACK:
-        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK, STORE_FINAL_STATE)
     else:
-        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK, STORE_FINAL_STATE)
 
 
 @triton.jit
 def _scan_tile_enter_fliplb(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
-                            n_chunks, LOOKBACK: tl.constexpr):
+                            n_chunks, LOOKBACK: tl.constexpr, STORE_FINAL_STATE: tl.constexpr):
     if REVERSE and b_a.shape[0] == 1 and b_a.shape[1] > WARP_LOCAL_T:
-        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK, STORE_FINAL_STATE)
     else:
-        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+        return _SCAN_TILE_ENTER(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK, STORE_FINAL_STATE)
 
 
 @triton.jit
@@ -204,6 +213,7 @@ def _launch_config_row128(layout, kernel_name=None, shifted=False):
 PATCHES = {
     "fwdfake": {"scan_tile_enter": _scan_tile_enter_fwdfake},
     "noscan": {"scan_tile": _scan_tile_noscan, "scan_tile_enter": _scan_tile_enter_noscan},
+    "exitall": {"scan_tile_enter": _scan_tile_enter_exitall},
     # the offsets' type of every kernel (scan.INT32_KERNELS; int32 only where every offset fits, as on main)
     "i32": {"INT32_KERNELS": _scan.KERNELS},
     "i64": {"INT32_KERNELS": frozenset()},

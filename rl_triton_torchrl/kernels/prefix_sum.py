@@ -71,7 +71,7 @@ def _prefix_sum_fwd_kernel(
         b_g = load_coef(discount_ptr, discount, o_o, o_i, o_t, s_discount_o, s_discount_t, s_discount_i, m, ACC,
                         DISCOUNT_TENSOR)
         b_a, b_b = _prefix_sum_coefficients(b_x, 1.0 - b_f, b_g)
-        b_s, b_h = scan_tile(b_a, b_b, b_h, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+        b_s, b_h = scan_tile(b_a, b_b, b_h, m, False, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK, STORE_FINAL_STATE)
         store_tile(s_ptr, b_s, o_o, o_i, o_t, T, inner, m, w)
     if STORE_FINAL_STATE:
         if AFTER_DONE:  # the last step's flag resets the state carried out

@@ -85,7 +85,7 @@ def _ratio(ratio_ptr, o_o, o_i, o_t, s_ratio_o, s_ratio_t, s_ratio_i, m, ACC: tl
 
 @triton.jit
 def _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A: tl.constexpr, lb_ptr, o_r, i_c,
-                  n_chunks, LOOKBACK: tl.constexpr):
+                  n_chunks, LOOKBACK: tl.constexpr, STORE_FINAL_STATE: tl.constexpr):
     """Q_ret [BLOCK_R, BLOCK_T] of one tile and the state leaving it, from its rewards, expected next Q (already 0
     where terminated), not-done and not-terminated flags, discounts, and the next step's trace c_(t+1) and
     Q(s_(t+1), a_(t+1)) (``m_t1``: t + 1 inside the window; that Q loaded as 0 past it)."""
@@ -94,7 +94,8 @@ def _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A
     b_c1 = tl.where(m_t1, zero_where(b_c1, b_nd == 0), 1.0)
     b_a, b_b = _retrace_coefficients(b_r, b_nq, b_nd, b_nterm, b_g, b_c1)
     b_q1 = zero_where(b_q1, b_a == 0)  # not read where a_t = 0
-    return scan_tile(b_a, b_b - b_a * b_q1, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+    return scan_tile(b_a, b_b - b_a * b_q1, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK,
+                     STORE_FINAL_STATE)
 
 
 @triton.jit
@@ -131,7 +132,7 @@ def _retrace_fwd_kernel(
                               s_c_bar_o, s_c_bar_t, s_c_bar_i, ACC, LMBDA_TENSOR, C_BAR_TENSOR)
         b_q1 = load_tile(q_ptr, o_o, o_i, o_t1, s_q_o, s_q_t, s_q_i, m1, ACC)
         b_qret, b_h = _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A, lb_ptr, o_r,
-                                    i_c, n_chunks, LOOKBACK)
+                                    i_c, n_chunks, LOOKBACK, STORE_FINAL_STATE)
         store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m, w)
         store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m, w)
     if STORE_FINAL_STATE:  # u_0 = c_0 (Q_ret_0 - Q_0), from column 0 of a first-chunk tile
@@ -233,7 +234,7 @@ def _retrace_discrete_fwd_kernel(
         b_c1 = _clipped_trace(b_ratio1, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1, m1, s_lmbda_o,
                               s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i, ACC, LMBDA_TENSOR, C_BAR_TENSOR)
         b_qret, b_h = _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A, lb_ptr, o_r,
-                                    i_c, n_chunks, LOOKBACK)
+                                    i_c, n_chunks, LOOKBACK, STORE_FINAL_STATE)
         store_tile(qret_ptr, b_qret, o_o, o_i, o_t, T, inner, m, w)
         store_tile(adv_ptr, b_qret - b_q, o_o, o_i, o_t, T, inner, m, w)
     if STORE_FINAL_STATE:  # u_0 = c_0 (Q_ret_0 - Q_0), from column 0 of a first-chunk tile

@@ -613,7 +613,7 @@ def _reverse_columns(b_x):
 
 @triton.jit
 def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c, n_chunks,
-                    LOOKBACK: tl.constexpr):
+                    LOOKBACK: tl.constexpr, STORE_FINAL_STATE: tl.constexpr):
     """Scans one [BLOCK_R, BLOCK_T] tile of coefficients, entering with state b_h0 [BLOCK_R].
 
     Masked elements act as the identity (a = 1, b = 0), so a partial tile passes the state through. ``CUT_A``:
@@ -622,7 +622,8 @@ def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexp
     (``chain_state``; ``LOOKBACK`` is the window, negative in the testing mode) and each segment enters with the
     state leaving the one before it (``_enter_segments``); b_h0 is then the row's initial state.
     Returns the states h [BLOCK_R, BLOCK_T], the state leaving the tile (with ``LOOKBACK``: leaving the chunk, in
-    every row) and the state entering each row [BLOCK_R].
+    every row) and the state entering each row [BLOCK_R]. The state leaving is computed only where it is read: when
+    this program walks a chunk after this one, or with ``STORE_FINAL_STATE`` (else it is b_h0).
     """
     b_a = tl.where(m, b_a, 1.0)
     b_b = tl.where(m, b_b, 0.0)
@@ -644,12 +645,29 @@ def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexp
     if LOOKBACK:
         b_h0 = _enter_segments(b_A, b_B, b_h0, REVERSE, SCAN_REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
     b_h = apply_map(b_A, b_B, b_h0[:, None])
-    b_exit = edge_column(b_h, SCAN_REVERSE)
-    if LOOKBACK:  # the state leaving the chunk (its first segment in scan order), in every row
-        b_exit = tl.zeros_like(b_exit) + _pick(b_exit, 0 if REVERSE else b_exit.shape[0] - 1)
+    # The state leaving the tile, a reduction over it (across warps, two barriers where a row spans several), which
+    # a call's last chunk skips unless the final state is stored: a uniform branch, taken by every chunk but the
+    # last. sm_90 SASS of the traces at 64 x 512 (8 warps): its shuffles, barriers and shared-memory round trips sat
+    # between the scan and the stores.
+    b_exit = b_h0
+    if STORE_FINAL_STATE:
+        b_exit = _leaving_state(b_h, REVERSE, SCAN_REVERSE, LOOKBACK)
+    elif not LOOKBACK:  # a look-back chunk is its program's only one
+        if i_c + 1 < n_chunks:
+            b_exit = _leaving_state(b_h, REVERSE, SCAN_REVERSE, LOOKBACK)
     if FLIP:
         b_h = _reverse_columns(b_h)
     return b_h, b_exit, b_h0
+
+
+@triton.jit
+def _leaving_state(b_h, REVERSE: tl.constexpr, SCAN_REVERSE: tl.constexpr, LOOKBACK: tl.constexpr):
+    """The state [BLOCK_R] leaving a scanned tile h (columns in ``SCAN_REVERSE`` order); with ``LOOKBACK`` the state
+    leaving the chunk (its first segment in scan order), in every row."""
+    b_exit = edge_column(b_h, SCAN_REVERSE)
+    if LOOKBACK:
+        b_exit = tl.zeros_like(b_exit) + _pick(b_exit, 0 if REVERSE else b_exit.shape[0] - 1)
+    return b_exit
 
 
 @triton.jit
@@ -701,9 +719,10 @@ def segment_states(s_A, s_B, b_enter, REVERSE: tl.constexpr):
 
 @triton.jit
 def scan_tile(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexpr, lb_ptr, o_r, i_c, n_chunks,
-              LOOKBACK: tl.constexpr):
+              LOOKBACK: tl.constexpr, STORE_FINAL_STATE: tl.constexpr):
     """``scan_tile_enter`` without the entering state: (h [BLOCK_R, BLOCK_T], leaving state [BLOCK_R])."""
-    b_h, b_exit, _ = scan_tile_enter(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+    b_h, b_exit, _ = scan_tile_enter(b_a, b_b, b_h0, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK,
+                                     STORE_FINAL_STATE)
     return b_h, b_exit
 
 
@@ -722,7 +741,8 @@ def _linear_scan_fwd_kernel(
         o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, REVERSE, LOOKBACK, WINDOW, INT64)
         b_a = load_tile(a_ptr, o_o, o_i, o_t, s_a_o, s_a_t, s_a_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         b_b = load_tile(b_ptr, o_o, o_i, o_t, s_b_o, s_b_t, s_b_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
-        b_h_all, b_h = scan_tile(b_a, b_b, b_h, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+        b_h_all, b_h = scan_tile(b_a, b_b, b_h, m, REVERSE, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK,
+                                  STORE_FINAL_STATE)
         store_tile(h_ptr, b_h_all, o_o, o_i, o_t, T, inner, m, w)
     store_state(ht_ptr, b_h, o_r, m_r, c_hi, n_chunks, STORE_FINAL_STATE)
 

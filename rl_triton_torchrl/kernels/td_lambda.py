@@ -77,7 +77,8 @@ def _td_lambda_fwd_kernel(
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
         b_a, b_b = _td_lambda_coefficients(b_r, b_nv, 1.0 - b_d, 1.0 - b_term, b_g, b_l)
-        b_ret, b_h = scan_tile(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK)
+        b_ret, b_h = scan_tile(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK,
+                               STORE_FINAL_STATE)
         if HAS_VALUE:
             b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC, w)
             if STORE_ADVANTAGE:  # G into out, and G as stored minus V: ``out - v`` in the outputs' dtype, exactly
