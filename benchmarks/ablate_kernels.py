@@ -32,7 +32,7 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``lookback2049``: look-back chunks for few rows from 2049 steps on (``scan.LOOKBACK_MIN_T``, 4096 on main).
 - ``wide4096``: one-row tiles of up to 4096 steps (``scan.WIDE_MAX_T``, 2048 on main), so that rows of 2049-4095
   steps in at most ``scan.WIDE_MAX_ROWS`` rows (below the look-back's 4096 steps) take one tile instead of two.
-- ``nowidelong``: the rule without its 4096-step tiles for few rows (``scan.WIDE_LONG_MAX_ROWS`` 0).
+- ``nowidelong``: the rule without its 4096-step tiles for few rows (``scan.WIDE_LONG_MAX_ROWS`` empty).
 - ``flip``: reverse scans of one-row tiles wider than ``scan.WARP_LOCAL_T`` steps (few rows of medium length) with
   the tile's columns backward in time (descending addresses) and scanned forward, instead of Triton's reverse scan,
   which reverses its inputs and outputs across lanes and warps; ``fliplb``: look-back chunks of one row too.
@@ -40,8 +40,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   rows).
 - ``vt2048``: V-trace's one-row tiles of up to 2048 steps on 4 warps too, as the other kernels'
   (``scan.WIDE_4_WARPS_MAX_T``; up to ad197e7 it capped them at 1024 steps on any number of warps).
-- ``vtlong``: V-trace's one-row tiles of up to 4096 steps for few rows of 2049-4095 steps, as GAE's
-  (``scan.WIDE_LONG_KERNELS``; main: 2048-step tiles walked in turn).
+- ``vtlong``: V-trace's one-row tiles of up to 4096 steps for up to 256 rows of 2049-4095 steps, as GAE's
+  (``scan.WIDE_LONG_MAX_ROWS``; main: up to 128 rows, since 2026-12-06; before, 2048-step tiles walked in turn).
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
   unless the final state is stored: ``scan.scan_tile_enter``).
@@ -236,7 +236,7 @@ PATCHES = {
     # one-row tiles of up to 4096 steps (scan.WIDE_MAX_T, 2048 on main: rows of 2049-4095 steps walk two tiles)
     "wide4096": {"WIDE_MAX_T": 4096},
     # no 4096-step tiles for few rows of 2049-4095 steps (scan.WIDE_LONG_MAX_ROWS 0: the rule before it)
-    "nowidelong": {"WIDE_LONG_MAX_ROWS": 0},
+    "nowidelong": {"WIDE_LONG_MAX_ROWS": {}},
     # reverse scans of one-row tiles wider than 128 steps with the tile's columns backward in time (addresses
     # descending along the columns) and scanned forward, instead of Triton's reverse scan; not in look-back chunks
     # (flip) or there too (fliplb)
@@ -245,8 +245,8 @@ PATCHES = {
     "warpst": {"launch_config": _launch_config_warpst},
     # V-trace's one-row tiles as wide as the others' on 4 warps too (scan.WIDE_4_WARPS_MAX_T: 1024 steps on main)
     "vt2048": {"WIDE_4_WARPS_MAX_T": {}},
-    # V-trace's one-row tiles of up to 4096 steps for few rows of 2049-4095 steps (scan.WIDE_LONG_KERNELS)
-    "vtlong": {"WIDE_LONG_KERNELS": _scan.WIDE_LONG_KERNELS | {"_vtrace_fwd_kernel"}},
+    # V-trace's one-row tiles of up to 4096 steps for up to 256 rows of 2049-4095 steps (scan.WIDE_LONG_MAX_ROWS)
+    "vtlong": {"WIDE_LONG_MAX_ROWS": {**_scan.WIDE_LONG_MAX_ROWS, "_vtrace_fwd_kernel": 256}},
     "row128": {"launch_config": _launch_config_row128},
 }
 

@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.triton,
 
 @pytest.mark.parametrize("shape,block_t,warps,vtrace_block_t", [
     ((128, 1024, 1), 1024, 8, 1024), ((512, 2048, 1), 2048, 8, 2048), ((1000, 1000, 1), 1024, 4, 1024),
-    ((16, 3000, 1), 4096, 8, 2048), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
+    ((16, 3000, 1), 4096, 8, 4096), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
+    # up to 128 rows V-trace's tiles take 4096 steps, up to 256 GAE's (WIDE_LONG_MAX_ROWS)
+    ((200, 3000, 1), 4096, 8, 2048),
     # on 4 warps V-trace's tiles are at most 1024 steps (WIDE_4_WARPS_MAX_T)
     ((1000, 2048, 1), 2048, 4, 1024),
     # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back
@@ -41,25 +43,25 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
 
 @pytest.mark.parametrize("kernel", sorted(scan.KERNELS))
 def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
-    """At most WIDE_LONG_MAX_ROWS rows of 2049-4095 steps: one tile of WIDE_LONG_T steps in the kernels of
-    WIDE_LONG_KERNELS with float32 accumulation; the other kernels, more rows, float64 and shorter or longer rows as
-    the rule without it."""
-    long_tile = kernel in scan.WIDE_LONG_KERNELS
-    for shape in [(1, 2049, 1), (scan.WIDE_LONG_MAX_ROWS, 4095, 1)]:
+    """At most WIDE_LONG_MAX_ROWS[kernel] rows of 2049-4095 steps: one tile of WIDE_LONG_T steps with float32
+    accumulation; the other kernels, more rows, float64 and shorter or longer rows as the rule without it."""
+    max_rows = scan.WIDE_LONG_MAX_ROWS.get(kernel, 0)
+    long_tile = max_rows > 0
+    for shape in [(1, 2049, 1), (max(max_rows, 1), 4095, 1)]:
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
             wide = scan.WIDE_MAX_T
             expected = scan.WIDE_LONG_T if long_tile and dtype != torch.float64 else wide
             assert scan.launch_config(_layout(shape, dtype), kernel)["BLOCK_T"] == expected, (shape, dtype)
             shifted = scan.launch_config(_layout(shape, dtype), kernel, shifted=True)["BLOCK_T"]
             assert shifted == min(expected, scan.WIDE_SHIFTED_MAX_T.get(kernel, expected)), (shape, dtype)
-    assert scan.launch_config(_layout((scan.WIDE_LONG_MAX_ROWS + 1, 3000, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
+    assert scan.launch_config(_layout((max_rows + 1, 3000, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
     assert scan.launch_config(_layout((16, 2048, 1)), kernel)["BLOCK_T"] <= 2048
     assert scan.launch_config(_layout((16, 4096, 1)), kernel)["LOOKBACK"] == scan.LOOKBACK_WINDOW
 
 
 @pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
                                          ("discounted", "_td_lambda_fwd_kernel"), ("traces", "_prefix_sum_fwd_kernel"),
-                                         ("sum_after_done", "_prefix_sum_fwd_kernel")])
+                                         ("sum_after_done", "_prefix_sum_fwd_kernel"), ("vtrace", "_vtrace_fwd_kernel")])
 def test_one_tile_of_4096_steps_matches_reference(algo, kernel):
     """One 4096-step tile over 3 rows of 2500 steps (the rows' tail masked), with carried states."""
     assert scan.launch_config(_layout((3, 2500, 1)), kernel)["BLOCK_T"] == scan.WIDE_LONG_T
@@ -107,7 +109,7 @@ def test_wide_tiles_with_chunks_match_reference(algo, shape, monkeypatch):
     for the interpreter: every algorithm against its float64 reference, with carried states."""
     monkeypatch.setattr(scan, "MAX_BLOCK_T", 16)
     monkeypatch.setattr(scan, "WIDE_MAX_T", 32)
-    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", 0)  # (its WIDE_LONG_T-step tiles would take the rows whole)
+    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", {})  # (its WIDE_LONG_T-step tiles would take the rows whole)
     monkeypatch.setattr(scan, "WIDE_4_WARPS_MAX_T", {})
     for kernel in scan.KERNELS:
         cfg = scan.launch_config(_layout(shape), kernel)
@@ -125,7 +127,7 @@ def test_vtrace_wide_tiles_read_back_the_next_step(algo, pattern, dtype, shape, 
     turn, so that the step after a tile's last one lies in the tile stored before it, and the last tile is partial
     (301 steps: rows off the 16-byte grid, stored through aligned windows and read back one step on)."""
     monkeypatch.setattr(scan, "WIDE_MAX_T", 2 * scan.WARP_LOCAL_T.value)
-    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", 0)
+    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", {})
     cfg = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["LOOKBACK"]) == (1, 256, 0)
     windows = _spy_launches(monkeypatch, "WINDOW")
@@ -138,7 +140,7 @@ def test_vtrace_shifted_mode_takes_its_own_tile_width(algo, block_t, monkeypatch
     """The launch passes V-trace's input mode to the rule: its shifted mode takes tiles of at most
     WIDE_SHIFTED_MAX_T steps (here 128 against the others' 256), and both modes still match their references."""
     monkeypatch.setattr(scan, "WIDE_MAX_T", 256)
-    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", 0)
+    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", {})
     monkeypatch.setattr(scan, "WIDE_SHIFTED_MAX_T", {"_vtrace_fwd_kernel": 128})
     seen = _spy_launches(monkeypatch, "BLOCK_T")
     _compare(algo, (3, 300, 1), "random", seed=9, with_state=True)

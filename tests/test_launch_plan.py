@@ -340,7 +340,7 @@ CASES = {
     "look-back": ({"shape": (2, 40, 1)}, lambda x: {"output_final_state": True},
                   {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 16}),
     "chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 16, "TILE_ELEMENTS": 32, "WIDE_MAX_ROWS": 0}),
-    "wide-chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 8, "WIDE_MAX_T": 16, "WIDE_LONG_MAX_ROWS": 0}),
+    "wide-chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 8, "WIDE_MAX_T": 16, "WIDE_LONG_MAX_ROWS": {}}),
     # contiguous rows of 20 steps: T and the strides compile-time constants (scan._constant_length)
     "constant-T": ({"shape": (3, 20, 1)}, lambda x: {}, {}),
 }

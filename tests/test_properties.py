@@ -54,7 +54,7 @@ TILES = {
     "tiles16": ({"MAX_BLOCK_T": 16, "TILE_ELEMENTS": 32, "WIDE_MAX_ROWS": 0}, 128),  # 2 rows per program
     "tiles8": ({"MAX_BLOCK_T": 8, "TILE_ELEMENTS": 8, "WIDE_MAX_ROWS": 0}, 48),  # 1 row per program
     # 16-step wide tiles (no WIDE_LONG_T-step tiles, which would take these rows whole)
-    "wide_chunks": ({"MAX_BLOCK_T": 8, "WIDE_MAX_T": 16, "WIDE_4_WARPS_MAX_T": {}, "WIDE_LONG_MAX_ROWS": 0}, 64),
+    "wide_chunks": ({"MAX_BLOCK_T": 8, "WIDE_MAX_T": 16, "WIDE_4_WARPS_MAX_T": {}, "WIDE_LONG_MAX_ROWS": {}}, 64),
     "short": ({"SHORT_BLOCK_R": 4}, 8),  # 5-8 steps in 8-step tiles of 4 rows from 4 rows on
     "lookback": ({"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 32, "LOOKBACK_WINDOW": -2,
                   "LOOKBACK_SEGMENTED": frozenset()}, 96),  # one program per 32-step chunk, the sparse window

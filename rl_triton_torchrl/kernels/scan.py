@@ -154,18 +154,18 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_4_WARPS_MAX_T = {"_vtrace_fwd_kernel": 1024}
 WIDE_SHIFTED_MAX_T = {"_vtrace_fwd_kernel": 1024}
-# At most WIDE_LONG_MAX_ROWS rows of more than WIDE_MAX_T steps and fewer than LOOKBACK_MIN_T (2049-4095) with float32
-# accumulation, in the kernels of WIDE_LONG_KERNELS: one tile of up to WIDE_LONG_T steps instead of two walked in
-# turn. H100 (ablate_wide4096_38feaf5.md), faster in every cell of 16-100 rows: 16 x 2049 GAE 10.7 -> 9.3 µs, 16 x
-# 4095 14.1 -> 10.8, 100 x 3072 12.5 -> 10.6, the discounted return 16 x 4095 12.6 -> 9.7; at 512 rows mixed (GAE
-# 512 x 3072 22.3 -> 24.3, 512 x 4095 36.7 -> 32.5), at 1000 rows slower (GAE 1000 x 3072 37.8 -> 44.5); at 128 and
-# 256 rows faster, at 384 level (ablate_fewrows_06ace1c.md: GAE 128 x 3072 12.3 -> 10.9, 256 x 4095 21.2 -> 18.4).
-# Not measured for V-trace, whose 2048-step tiles at 64 x 2049 took 2.0x the per-element time of 64 x 2048 in its
-# cliff sweep (bench_peers_cliffs_vtrace_9af10db.md, 12.6 µs): its 4096-step tiles compile to 156-184 registers
-# (sm_90 SASS at 16 x 3000 and 100 x 4095); ``ablate_kernels.py --variants base,vtlong`` is the A/B.
-# retrace_discrete's 2048-step tiles take 196 registers already.
-WIDE_LONG_MAX_ROWS, WIDE_LONG_T = 256, 4096
-WIDE_LONG_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel"})
+# At most WIDE_LONG_MAX_ROWS[kernel] rows of more than WIDE_MAX_T steps and fewer than LOOKBACK_MIN_T (2049-4095)
+# with float32 accumulation: one tile of up to WIDE_LONG_T steps instead of two walked in turn. H100
+# (ablate_wide4096_38feaf5.md), faster in every cell of 16-100 rows: 16 x 2049 GAE 10.7 -> 9.3 µs, 16 x 4095 14.1 ->
+# 10.8, 100 x 3072 12.5 -> 10.6, the discounted return 16 x 4095 12.6 -> 9.7; at 512 rows mixed (GAE 512 x 3072 22.3
+# -> 24.3, 512 x 4095 36.7 -> 32.5), at 1000 rows slower (GAE 1000 x 3072 37.8 -> 44.5); at 128 and 256 rows faster,
+# at 384 level (ablate_fewrows_06ace1c.md: GAE 128 x 3072 12.3 -> 10.9, 256 x 4095 21.2 -> 18.4). V-trace
+# (ablate_vtlong_db104d6.md, do_bench µs): faster at 16-100 rows (16 x 4095 15.6 -> 12.2, 100 x 4095 18.5 -> 14.8,
+# 64 x 3072 14.1 -> 13.2), slower at 256 (256 x 3072 19.8 -> 23.9; its tiles take 156-184 registers), so up to 128
+# rows. retrace_discrete's 2048-step tiles take 196 registers already.
+WIDE_LONG_T = 4096
+WIDE_LONG_MAX_ROWS = {"_gae_fwd_kernel": 256, "_td_lambda_fwd_kernel": 256, "_prefix_sum_fwd_kernel": 256,
+                      "_vtrace_fwd_kernel": 128}
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
 # few steps wide over many rows read whole lines. Sequences of at most TIME_MAJOR_MAX_T steps whose time dimension
 # strides over at least TIME_MAJOR_MIN_ROWS rows (``layout.inner``), for the kernels in TIME_MAJOR_KERNELS: tiles of
@@ -648,9 +648,12 @@ def scan_tile_enter(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.constexp
     # The state leaving the tile, a reduction over it (across warps, two barriers where a row spans several), which
     # a call's last chunk skips unless the final state is stored: a uniform branch, taken by every chunk but the
     # last. sm_90 SASS of the traces at 64 x 512 (8 warps): its shuffles, barriers and shared-memory round trips sat
-    # between the scan and the stores.
+    # between the scan and the stores. Not in flipped tiles (one warp per row), whose reduction, five shuffles in
+    # the warp, overlaps the gathers that flip the tile back; the branch before them made GAE slower there (H100,
+    # benchmarks/results/h100/ablate_exitall_a911ce8.md, kernel µs: 512 x 128 3.4 -> 4.3, 65536 x 128 64.6 -> 68.2),
+    # while the forward scans of such tiles gained (the traces 512 x 128 2.6 -> 2.1, 65536 x 128 28.7 -> 27.5).
     b_exit = b_h0
-    if STORE_FINAL_STATE:
+    if STORE_FINAL_STATE or FLIP:
         b_exit = _leaving_state(b_h, REVERSE, SCAN_REVERSE, LOOKBACK)
     elif not LOOKBACK:  # a look-back chunk is its program's only one
         if i_c + 1 < n_chunks:
@@ -769,7 +772,7 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
     sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
     ``TIME_MAJOR_BLOCK_T`` tiles on one warp; sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
     one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps, ``WIDE_LONG_T`` for at most
-    ``WIDE_LONG_MAX_ROWS`` rows in the kernels of ``WIDE_LONG_KERNELS``); or, for long float32 sequences in
+    ``WIDE_LONG_MAX_ROWS[kernel_name]`` rows); or, for long float32 sequences in
     too few rows to fill the GPU that way (from ``LOOKBACK_MANY_ROWS`` rows on, only from ``LOOKBACK_MANY_ROWS_MIN_T``
     steps, but for the kernels in ``LOOKBACK_MANY_ROWS_SEGMENTS``), one program per chunk of ``LOOKBACK_BLOCK_T``
     steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
@@ -801,7 +804,7 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
         few_warps = layout.rows <= WIDE_FEW_WARPS_ROWS
         max_t = WIDE_MAX_T if few_warps else WIDE_4_WARPS_MAX_T.get(kernel_name, WIDE_MAX_T)
-        if (kernel_name in WIDE_LONG_KERNELS and layout.rows <= WIDE_LONG_MAX_ROWS
+        if (layout.rows <= WIDE_LONG_MAX_ROWS.get(kernel_name, 0)
                 and WIDE_MAX_T < layout.T < LOOKBACK_MIN_T and layout.acc_dtype == torch.float32):
             max_t = WIDE_LONG_T
         if shifted:
