@@ -45,6 +45,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
   unless the final state is stored: ``scan.scan_tile_enter``).
+- ``loop``: every launch compiled with its chunk loop, as before 2026-12-06 (main compiles launches whose rows are
+  one chunk without it: ``scan._one_chunk``).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -214,6 +216,8 @@ PATCHES = {
     "fwdfake": {"scan_tile_enter": _scan_tile_enter_fwdfake},
     "noscan": {"scan_tile": _scan_tile_noscan, "scan_tile_enter": _scan_tile_enter_noscan},
     "exitall": {"scan_tile_enter": _scan_tile_enter_exitall},
+    # every launch compiled with its chunk loop, rows of one chunk included (scan._one_chunk)
+    "loop": {"_one_chunk": lambda layout, cfg: False},
     # the offsets' type of every kernel (scan.INT32_KERNELS; int32 only where every offset fits, as on main)
     "i32": {"INT32_KERNELS": _scan.KERNELS},
     "i64": {"INT32_KERNELS": frozenset()},

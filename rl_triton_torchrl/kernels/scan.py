@@ -273,13 +273,15 @@ def _chunk_time(i_c, n_chunks, T, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, 
 
 @triton.jit
 def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-                 HAS_INITIAL_STATE: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr):
+                 HAS_INITIAL_STATE: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr,
+                 ONE_CHUNK: tl.constexpr):
     """Start of every scan kernel: this program's rows, the state entering them, and its chunks.
 
     Returns (outer index, inner index, row ids, row mask) [BLOCK_R] (int64 with ``INT64``, else int32), the state
     [BLOCK_R], n_chunks (per row) and the range ``[c_lo, c_hi)`` of chunks (in scan order) this program walks: all
     of them, or with ``LOOKBACK`` the one chunk of its ticket (see ``chain_state``), whose ``BLOCK_R`` tile rows are
-    all the same row.
+    all the same row. ``ONE_CHUNK`` (``launch``'s ``_one_chunk``: rows of one chunk, no look-back): the range is the
+    constant [0, 1), so that the compiler drops the chunk loop.
     """
     if LOOKBACK:
         # a chunk is BLOCK_R consecutive segments of BLOCK_T steps of one row (the tile's rows: see ``chunk``)
@@ -291,9 +293,12 @@ def row_prologue(h0_ptr, lb_ptr, n_rows, inner, T, ACC: tl.constexpr, BLOCK_R: t
         c_hi = c_lo + 1
         o_o, o_i, m_r = o_r // inner, o_r % inner, o_r < n_rows
     else:
-        n_chunks = (T + 3 * WINDOW + BLOCK_T - 1) // BLOCK_T
         o_o, o_i, o_r, m_r = _row_block(n_rows, inner, BLOCK_R, INT64)
         c_lo = 0
+        if ONE_CHUNK:
+            n_chunks = 1
+        else:
+            n_chunks = (T + 3 * WINDOW + BLOCK_T - 1) // BLOCK_T
         c_hi = n_chunks
     b_h = load_state(h0_ptr, o_r, m_r, ACC, BLOCK_R, HAS_INITIAL_STATE)
     return o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi
@@ -735,11 +740,11 @@ def _linear_scan_fwd_kernel(
     n_rows, inner, T,
     s_a_o, s_a_t, s_a_i, s_b_o, s_b_t, s_b_i,
     ACC: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
-    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr,
+    CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, ONE_CHUNK: tl.constexpr,
     NUM_STAGES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
-        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64)
+        h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64, ONE_CHUNK)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, REVERSE, LOOKBACK, WINDOW, INT64)
         b_a = load_tile(a_ptr, o_o, o_i, o_t, s_a_o, s_a_t, s_a_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
@@ -923,6 +928,16 @@ def _constant_length(layout: Layout, strides: list) -> bool:
             and all(st == layout.contiguous_strides or st[1] == 0 for st in strides))
 
 
+def _one_chunk(layout: Layout, cfg: dict) -> bool:
+    """Whether every row of a launch is one chunk (no look-back): its kernel is compiled without the chunk loop.
+
+    The loop's invariants (row offsets, masks, the predicates of Triton's cross-warp scan) are computed before it,
+    ahead of the first loads, and a row's state leaving the tile is carried out of it. sm_90 SASS of the traces at
+    64 x 512: the loads came after about 100 instructions; rl-triton's kernel, which has no loop, issues its own
+    within its first 24 (benchmarks/results/h100/ncu_fewrows_db104d6.md)."""
+    return not cfg["LOOKBACK"] and layout.T + 3 * cfg["WINDOW"] <= cfg["BLOCK_T"]
+
+
 def _aligned_window(layout: Layout, cfg: dict, kernel_name: str, fixed_t: bool, tensors) -> bool:
     """Whether a launch's row tiles are aligned windows (``WINDOW``, see ``chunk``): a kernel of ``WINDOW_KERNELS``
     in row tiles (not look-back chunks) over rows compiled for their length (``_constant_length``: every input
@@ -1042,6 +1057,7 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     grid, num_warps, maxnreg = cfg.pop("grid"), cfg.pop("num_warps"), cfg.pop("maxnreg", None)
     stepping = [x for x, (_, s_t, _) in zip(inputs.values(), strides) if s_t] + list(outputs.values())
     cfg["WINDOW"] = _aligned_window(layout, cfg, lean.name, fixed_t, stepping)
+    cfg["ONE_CHUNK"] = _one_chunk(layout, cfg)
     lb = None
     if cfg["LOOKBACK"]:  # the ticket counter and three status words per chunk, all zero
         lb = torch.zeros(1 + 3 * grid[0], dtype=torch.int64, device=layout.device)
