@@ -147,6 +147,24 @@ def test_vtrace_shifted_mode_takes_its_own_tile_width(algo, block_t, monkeypatch
     assert seen == [block_t]
 
 
+@pytest.mark.parametrize("with_state", [False, True], ids=["no-state", "state"])
+@pytest.mark.parametrize("T", [16, 13, 40])
+@pytest.mark.parametrize("algo", ["gae", "vtrace_shifted", "traces", "retrace_discrete"])
+def test_rows_of_one_chunk_launch_without_the_chunk_loop(algo, T, with_state, monkeypatch):
+    """``ONE_CHUNK`` (the kernel compiled without its chunk loop) exactly where every row is one chunk, T + 3 *
+    WINDOW <= BLOCK_T without look-back: 16 steps, and 13 in a window of 16; 40 steps walk three 16-step chunks. Both
+    match the reference, with the final state (the state leaving the one chunk) and without it (dropped)."""
+    monkeypatch.setattr(scan, "MAX_BLOCK_T", 8)
+    monkeypatch.setattr(scan, "WIDE_MAX_T", 16)
+    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", {})
+    one_chunk = _spy_launches(monkeypatch, "ONE_CHUNK")
+    block_t = _spy_launches(monkeypatch, "BLOCK_T")
+    window = _spy_launches(monkeypatch, "WINDOW")
+    _compare(algo, (3, T, 1), "random", seed=T, with_state=with_state)
+    assert block_t == [16]
+    assert one_chunk == [T + 3 * window[0] <= 16] == [T < 40]
+
+
 @pytest.mark.parametrize("pattern", ["none", "all", "trunc_last"])
 @pytest.mark.parametrize("algo", ["gae", "vtrace", "traces", "sum_at_start"])
 def test_wide_whole_row_tiles_match_reference(algo, pattern):
