@@ -88,13 +88,14 @@ def _scan_tile_noscan(b_a, b_b, b_h0, m, REVERSE: tl.constexpr, CUT_A: tl.conste
 
 
 @triton.jit
-def _load_tile_stream(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr):
+def _load_tile_stream(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr, w=None):
+    # the same elements as load_tile, an aligned window's included (w unused: its pointers, not proven aligned)
     p = base + (o_o * s_o + o_i * s_i)[:, None] + o_t * s_t
     return tl.load(p, mask=m, other=0, eviction_policy="evict_first").to(ACC)
 
 
 @triton.jit
-def _store_tile_stream(base, b_x, o_o, o_i, o_t, T, inner, m):
+def _store_tile_stream(base, b_x, o_o, o_i, o_t, T, inner, m, w=None):
     p = base + (o_o * (T * inner) + o_i)[:, None] + o_t * inner
     tl.store(p, b_x.to(base.dtype.element_ty), mask=m, cache_modifier=".cs")
 
