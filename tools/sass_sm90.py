@@ -8,6 +8,7 @@
     python tools/sass_sm90.py --algorithms vtrace,vtrace_shifted --shapes 512x512   # V-trace's
     python tools/sass_sm90.py --algorithms retrace_discrete,retrace_discrete_shifted   # retrace_discrete's
     python tools/sass_sm90.py --algorithms discounted_return --shapes 65536x2047 --no-windows  # no aligned windows
+    python tools/sass_sm90.py --shapes 64x512 --variant loop     # an ablate_kernels variant's kernels (an A/B)
 
 Each algorithm is called on CPU tensors of the given ``[B, T, 1]`` shapes; each kernel launch is compiled instead
 of run, with the specialization Triton would give those arguments on a GPU (alignment, divisibility, constants:
@@ -78,7 +79,14 @@ def main(argv=None) -> int:
     parser.add_argument("--dump", help="a folder for each kernel's SASS listing and Triton GPU IR (layouts)")
     parser.add_argument("--no-windows", action="store_true",
                         help="no aligned windows (scan.WINDOW_KERNELS empty; by default the launch rule takes them)")
+    parser.add_argument("--variant", default="base",
+                        help="compile the kernels of one of benchmarks/ablate_kernels.py's variants (e.g. loop, "
+                             "exitall; base: as they are), for a static A/B before the GPU run")
     args = parser.parse_args(argv)
+    if args.variant != "base":
+        import ablate_kernels  # the benchmark's variants of the scan core's helpers
+
+        ablate_kernels.apply_variant(args.variant)
     if args.no_windows:
         scan.WINDOW_KERNELS = frozenset()
     driver.set_active(_aot._TargetDriver(90))  # enough of a driver for warmup to compile for sm_90
