@@ -53,13 +53,15 @@ Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed 
 the kernels' own duration from the GPU's activity records (``kernel_us``, L2 flushed, no launch counted), and both
 as a fraction of the copy bandwidth measured in the same run. Only ``base`` and the variants that keep the
 arithmetic are checked against the float64 torch path (``noscan`` computes something else on purpose).
-Results: ``<out>/ablate_kernels.json`` and ``.md``.
+Results: ``<out>/ablate_kernels.json`` and ``.md``, written after each variant; a SIGTERM (``timeout``) writes the
+rows measured so far, the cut variant's included, and says so in the environment's ``interrupted``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -326,26 +328,51 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    rows = []
-    for variant in args.variants.split(","):
-        proc = subprocess.run([sys.executable, __file__, "--worker", variant, "--shapes", args.shapes,
-                               "--algorithms", args.algorithms, "--dtype", args.dtype], capture_output=True, text=True,
-                              cwd=Path(__file__).parent)
-        got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        rows += got
-        print(f"{variant}: {len(got)} rows" + ("" if proc.returncode == 0 else f", exit {proc.returncode}: "
-                                                + proc.stderr[-2000:]), flush=True)
     out = Path(args.out)
-    write(rows, out if os.sep in args.out or args.out.startswith(".") else Path(__file__).parent / "results" / out,
-          args.name)
+    out = out if os.sep in args.out or args.out.startswith(".") else Path(__file__).parent / "results" / out
+    rows, proc = [], None
+    # a timeout's SIGTERM ends the run with what was measured: the results are written after every variant and
+    # once more with the rows of the variant cut short (each worker prints its rows as it measures them)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        for variant in args.variants.split(","):
+            proc = subprocess.Popen([sys.executable, __file__, "--worker", variant, "--shapes", args.shapes,
+                                     "--algorithms", args.algorithms, "--dtype", args.dtype], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parent)
+            got, other = [], []  # the rows, and the rest of its output (an error's traceback)
+            for line in proc.stdout:
+                if line.startswith("{"):
+                    got.append(json.loads(line))
+                    rows.append(got[-1])
+                else:
+                    other = (other + [line])[-40:]
+            proc.wait()
+            print(f"{variant}: {len(got)} rows" + ("" if proc.returncode == 0 else f", exit {proc.returncode}: "
+                                                    + "".join(other)[-2000:]), flush=True)
+            write(rows, out, args.name)
+    except _Stop as e:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+        print(f"interrupted ({e}): writing the {len(rows)} rows measured", flush=True)
+        write(rows, out, args.name, interrupted=str(e))
 
 
-def write(rows, out: Path, name: str) -> None:
+class _Stop(Exception):
+    """A SIGTERM (a timeout) during the run."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Stop(f"signal {signum}")
+
+
+def write(rows, out: Path, name: str, interrupted: str | None = None) -> None:
     from _common import environment
 
     out.mkdir(parents=True, exist_ok=True)
     env = environment()
     env["command"] = "python benchmarks/ablate_kernels.py " + " ".join(sys.argv[1:])
+    if interrupted:
+        env["interrupted"] = interrupted
     (out / f"{name}.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     cells = list(dict.fromkeys((r["algorithm"], r["B"], r["T"]) for r in rows))
