@@ -35,12 +35,14 @@ def test_sass_counts_of_a_kernel():
     """``tools/sass_sm90.py`` compiles a kernel for sm_90 with the specialization of real arguments and counts its
     SASS: a GAE tile of 128 steps reverses itself (warp-local gather) and scans forward, with no shared memory; on rows
     of several chunks (pipelined: ``scan.PIPELINE_STAGES``) its loads are asynchronous copies into shared memory (no
-    plain global load) and the reversal still writes nothing there."""
+    plain global load) and the reversal still writes nothing there. Every value of the kernel is in one layout (no
+    layout conversion in Triton's GPU IR), and nothing spills."""
     proc = _sass("--shapes", "2048x128,2048x256", "--algorithms", "gae")
-    one, several = (dict(re.findall(r"(tile|total|STS|LDS|BAR|LDG)\s+(\S+)", ln))
+    one, several = (dict(re.findall(r"(tile|total|STS|LDS|BAR|LDG|STL|CVT)\s+(\S+)", ln))
                     for ln in proc.stdout.splitlines() if "_gae_fwd_kernel" in ln)
     assert one["tile"] == several["tile"] == "4x128" and int(one["total"]) > 0, proc.stdout
     assert one["STS"] == "0" and one["LDS"] == "0" and one["BAR"] == "0", proc.stdout
+    assert one["CVT"] == several["CVT"] == "0" and one["STL"] == several["STL"] == "0", proc.stdout
     assert several["STS"] == "0" and several["LDG"] == "0", proc.stdout
 
 

@@ -14,7 +14,9 @@ Each algorithm is called on CPU tensors of the given ``[B, T, 1]`` shapes; each 
 of run, with the specialization Triton would give those arguments on a GPU (alignment, divisibility, constants:
 ``JITFunction.warmup`` behind a stand-in driver that names sm_90), by Triton's own compiler and ``ptxas``, and the
 cubin is disassembled with the ``cuobjdump`` Triton ships. Per kernel: grid, tile, registers per thread and the
-static SASS instructions of the whole kernel by opcode (shuffles, barriers, shared-memory and global accesses).
+static SASS instructions of the whole kernel by opcode (shuffles, barriers, shared-memory and global accesses,
+spills: ``LDL``/``STL``), and ``CVT``, the layout conversions in Triton's GPU IR (each a round trip through shared
+memory with its barriers, where values of two layouts meet: ``benchmarks/results/sm90_sass/retrace_discrete_layouts.md``).
 
 Static counts, not a profile: the chunk loop's body runs once per chunk, and nothing here says how long any of it
 waits. A cheap first look before spending GPU time (it showed Triton's reverse scans costing five butterfly
@@ -43,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from rl_triton_torchrl.kernels import _aot, scan  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-COUNTED = ("SHFL", "BAR", "LDS", "STS", "LDG", "STG", "FFMA", "FMUL", "FSEL", "ISETP", "IMAD")
+COUNTED = ("SHFL", "BAR", "LDS", "STS", "LDG", "STG", "LDL", "STL", "FFMA", "FMUL", "FSEL", "ISETP", "IMAD")
 
 
 def sass_of(compiled) -> tuple[str, str]:
@@ -139,7 +141,8 @@ def main(argv=None) -> int:
                 tile = f"{kw.get('BLOCK_R')}x{kw.get('BLOCK_T')}"
                 print(f"{algo:20s} {B}x{T:<8d} {name:32s} grid {grid[0]:<7d} tile {tile:9s} warps "
                       f"{kernel.metadata.num_warps} regs {regs[0] if regs else '?':>3s} total {sum(ops.values()):5d} "
-                      + " ".join(f"{op} {ops[op]}" for op in COUNTED) + f" WINDOW {int(bool(kw.get('WINDOW')))}")
+                      + " ".join(f"{op} {ops[op]}" for op in COUNTED)
+                      + f" CVT {kernel.asm['ttgir'].count('ttg.convert_layout')} WINDOW {int(bool(kw.get('WINDOW')))}")
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     (Path(args.dump) / f"{algo}_{B}x{T}_{name}.sass").write_text(sass)
