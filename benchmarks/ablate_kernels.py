@@ -47,6 +47,9 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   unless the final state is stored: ``scan.scan_tile_enter``).
 - ``loop``: every launch compiled with its chunk loop, as before 2026-12-06 (main compiles launches whose rows are
   one chunk without it: ``scan._one_chunk``).
+- ``narrow``: V-trace reads vs_(t+1) back from its stored output in tiles of fewer than 128 steps (rows sharing a
+  warp), as in its one-row tiles, instead of gathering it one column on (``vtrace.RELOAD_NARROW``, off on main;
+  sm_90 SASS: no layout conversion left, 3 -> 1 barriers, in the shifted mode 17 -> 1).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -255,6 +258,9 @@ PATCHES = {
     # V-trace's one-row tiles of up to 4096 steps for up to 256 rows of 2049-4095 steps (scan.WIDE_LONG_MAX_ROWS)
     "vtlong": {"WIDE_LONG_MAX_ROWS": {**_scan.WIDE_LONG_MAX_ROWS, "_vtrace_fwd_kernel": 256}},
     "row128": {"launch_config": _launch_config_row128},
+    # V-trace's vs_(t+1) read back from the stored output in tiles of fewer than 128 steps too (vtrace.RELOAD_NARROW;
+    # main gathers it one column on there, through shared memory)
+    "narrow": {"RELOAD_NARROW": tl.constexpr(True)},
 }
 
 

@@ -6,6 +6,7 @@ patterns, layouts, dtypes, coefficient tensors, carried states, the multi-chunk 
 """
 from __future__ import annotations
 
+import importlib
 import sys
 
 import pytest
@@ -16,6 +17,7 @@ from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, randn, w
 from test_algorithms import make_inputs
 from rl_triton_torchrl.kernels import reference as R
 from rl_triton_torchrl.kernels import scan
+from rl_triton_torchrl.kernels._triton import tl
 from rl_triton_torchrl.kernels._utils import check_inputs
 from rl_triton_torchrl.kernels.retrace import retrace, retrace_discrete
 from rl_triton_torchrl.kernels.vtrace import vtrace
@@ -250,6 +252,34 @@ def test_vtrace_warp_local_tiles(T, pattern, monkeypatch):
     for i, (o, e) in enumerate(zip(out, expected)):
         assert_close(f"vtrace[{i}]", o, e)
     assert_close("vtrace final state", h, h_expected, torch.float32)
+
+
+NARROW = [((5, 1, 1), -2), ((5, 3, 1), -2), ((37, 8, 1), -2), ((3, 24, 1), -2), ((40, 63, 1), -2), ((24, 3), 0)]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("with_state", [False, True], ids=["no-state", "state"])
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("shape,time_dim", NARROW, ids=[case_id(s, t) for s, t in NARROW])
+@pytest.mark.parametrize("algo", ["vtrace", "vtrace_shifted"])
+def test_vtrace_reads_vs_back_in_narrow_tiles(algo, shape, time_dim, pattern, with_state, monkeypatch):
+    """``vtrace.RELOAD_NARROW`` (off until a GPU A/B): tiles of fewer than 128 steps, whose rows share a warp, read
+    vs_(t+1) back from the output just stored instead of gathering it one column on. The same numbers, masked rows
+    and steps included (T = 1, 3, 8, 24, 63; time-major), with and without a carried state, and the final state."""
+    monkeypatch.setattr(importlib.import_module("rl_triton_torchrl.kernels.vtrace"), "RELOAD_NARROW",
+                        tl.constexpr(True))
+    # a new epoch of launch plans (``scan._ScanModule``): on a GPU no plan of an earlier call replays the kernel
+    # compiled without it
+    monkeypatch.setattr(scan, "MAX_BLOCK_T", scan.MAX_BLOCK_T)
+    x = make_rollout(shape, time_dim, pattern, seed=shape[time_dim])
+    h0 = _state_for(algo, x, time_dim, seed=7) if with_state else None
+    call, ref, _ = ALGOS[algo]
+    kw = {"gamma": GAMMA, **_coefs(algo), "time_dim": time_dim, "initial_state": h0}
+    *out, h = call(x, backend="triton", output_final_state=True, **kw)
+    expected, h_expected = ref(x, **kw)
+    for i, (o, e) in enumerate(zip(out, expected)):
+        assert_close(f"{algo}[{i}]", o, e)
+    assert_close(f"{algo} final state", h, h_expected, torch.float32)
 
 
 def _state_for(algo, x, time_dim, seed):

@@ -16,7 +16,8 @@ of run, with the specialization Triton would give those arguments on a GPU (alig
 cubin is disassembled with the ``cuobjdump`` Triton ships. Per kernel: grid, tile, registers per thread and the
 static SASS instructions of the whole kernel by opcode (shuffles, barriers, shared-memory and global accesses,
 spills: ``LDL``/``STL``), and ``CVT``, the layout conversions in Triton's GPU IR (each a round trip through shared
-memory with its barriers, where values of two layouts meet: ``benchmarks/results/sm90_sass/retrace_discrete_layouts.md``).
+memory with its barriers, where values of two layouts meet; see
+``benchmarks/results/sm90_sass/retrace_discrete_layouts.md``).
 
 Static counts, not a profile: the chunk loop's body runs once per chunk, and nothing here says how long any of it
 waits. A cheap first look before spending GPU time (it showed Triton's reverse scans costing five butterfly

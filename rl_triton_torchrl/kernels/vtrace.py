@@ -86,6 +86,14 @@ def _vtrace_step(
     return b_rho, b_c, b_r, b_v, b_nd, b_nterm, b_g
 
 
+# vs_(t+1) read back from the stored output (``VS_RELOAD``) also in tiles whose rows share a warp (fewer than
+# ``WARP_LOCAL_T`` steps: T <= 64), where the gather one column on converts the tile's layout through shared memory
+# (sm_90 SASS at 65536 x 24: 2 conversions and 3 barriers, in the shifted mode 9 and 17;
+# benchmarks/results/sm90_sass/vtrace_narrow_reload.md). Off until a GPU A/B (``ablate_kernels.py`` ``narrow``). A
+# kernel global: set it before a process's first V-trace call (launch plans keep the kernel compiled before).
+RELOAD_NARROW = tl.constexpr(False)
+
+
 @triton.jit
 def _vtrace_fwd_kernel(
     lpi_ptr, lmu_ptr, r_ptr, v_ptr, nv_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
@@ -106,11 +114,12 @@ def _vtrace_fwd_kernel(
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64, ONE_CHUNK)
     # V_IN_TILE: batch-major rows of several chunks, whose next step is the next element (``load_next_step``)
-    # VS_RELOAD: one row over several warps (no look-back): vs_(t+1) read back from the output just stored
-    # (``stored_next_step``), not gathered one column on through shared memory (sm_90 SASS at 512 x 512: 536 -> 440
-    # instructions, 13 -> 5 barriers, 64 -> 48 registers)
-    VS_RELOAD: tl.constexpr = (BLOCK_R == 1 and BLOCK_T > WARP_LOCAL_T and not LOOKBACK
-                               and vs_ptr.dtype.element_ty == ACC)
+    # VS_RELOAD: one row over several warps (with RELOAD_NARROW also rows sharing a warp), no look-back: vs_(t+1)
+    # read back from the output just stored (``stored_next_step``), not gathered one column on through shared memory
+    # (sm_90 SASS at 512 x 512: 536 -> 440 instructions, 13 -> 5 barriers, 64 -> 48 registers)
+    VS_RELOAD: tl.constexpr = (((BLOCK_R == 1 and BLOCK_T > WARP_LOCAL_T)
+                                or (RELOAD_NARROW and BLOCK_T < WARP_LOCAL_T))
+                               and not LOOKBACK and vs_ptr.dtype.element_ty == ACC)
     b_v_after = tl.zeros([BLOCK_R], dtype=ACC)  # [BLOCK_R] v at the first step of the chunk after this one
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
         o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
