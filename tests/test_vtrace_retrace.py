@@ -6,7 +6,6 @@ patterns, layouts, dtypes, coefficient tensors, carried states, the multi-chunk 
 """
 from __future__ import annotations
 
-import importlib
 import sys
 
 import pytest
@@ -266,8 +265,7 @@ def test_vtrace_reads_vs_back_in_narrow_tiles(algo, shape, time_dim, pattern, wi
     """``vtrace.RELOAD_NARROW`` (off until a GPU A/B): tiles of fewer than 128 steps, whose rows share a warp, read
     vs_(t+1) back from the output just stored instead of gathering it one column on. The same numbers, masked rows
     and steps included (T = 1, 3, 8, 24, 63; time-major), with and without a carried state, and the final state."""
-    monkeypatch.setattr(importlib.import_module("rl_triton_torchrl.kernels.vtrace"), "RELOAD_NARROW",
-                        tl.constexpr(True))
+    monkeypatch.setattr(sys.modules[vtrace.__module__], "RELOAD_NARROW", tl.constexpr(True))
     # a new epoch of launch plans (``scan._ScanModule``): on a GPU no plan of an earlier call replays the kernel
     # compiled without it
     monkeypatch.setattr(scan, "MAX_BLOCK_T", scan.MAX_BLOCK_T)
