@@ -50,6 +50,9 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``narrow``: V-trace reads vs_(t+1) back from its stored output in tiles of fewer than 128 steps (rows sharing a
   warp), as in its one-row tiles, instead of gathering it one column on (``vtrace.RELOAD_NARROW``, off on main;
   sm_90 SASS: no layout conversion left, 3 -> 1 barriers, in the shifted mode 17 -> 1).
+- ``nogroup``: ``retrace_discrete`` reads its per-action tensors with a load per action and gathers (in a layout of
+  their own, converted to the steps' through shared memory), as before 2026-12-06, instead of a group of steps'
+  actions per load in the steps' layout (``retrace._action_group``).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -261,6 +264,9 @@ PATCHES = {
     # V-trace's vs_(t+1) read back from the stored output in tiles of fewer than 128 steps too (vtrace.RELOAD_NARROW;
     # main gathers it one column on there, through shared memory)
     "narrow": {"RELOAD_NARROW": tl.constexpr(True)},
+    # retrace_discrete's per-action tensors read with a load per action and gathers, as before 2026-12-06, not in
+    # groups of a step's actions (retrace._action_group)
+    "nogroup": {"_action_group": lambda per_action, steps, n_actions, shifted: 0},
 }
 
 

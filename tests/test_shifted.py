@@ -366,7 +366,7 @@ def test_retrace_discrete_empty(backend):
 
 
 def test_retrace_discrete_errors():
-    x = make_inputs((3, 5, 1), 1, "random")
+    x = make_inputs((3, 5, 1), 1, "random", n_actions=3)
     last_pi, last_q = x["next_pi"][:, -1], x["next_q_values"][:, -1]
 
     def bad(**kw):

@@ -22,21 +22,24 @@ from rl_triton_torchrl.kernels.retrace import retrace, retrace_discrete
 from rl_triton_torchrl.kernels.vtrace import vtrace
 
 GAMMA, LMBDA = 0.97, 0.9
-N_ACTIONS = 3
+# a power of two: the sweeps' contiguous per-action tensors take the kernel's grouped reads (``A_GROUP``);
+# test_retrace_discrete_action_groups sweeps the number of actions, other ones included
+N_ACTIONS = 4
 
 
-def make_rollout(shape, time_dim=-2, pattern="random", dtype=torch.float32, layout="contig", seed=0):
+def make_rollout(shape, time_dim=-2, pattern="random", dtype=torch.float32, layout="contig", seed=0,
+                 n_actions=N_ACTIONS):
     """``make_inputs`` plus log-probabilities (in the same layout) and the per-action tensors of a discrete rollout
-    of ``shape + (N_ACTIONS,)``."""
+    of ``shape + (n_actions,)``."""
     x = make_inputs(shape, time_dim, pattern, dtype, layout, seed)
     extra = make_inputs(shape, time_dim, pattern, dtype, layout, seed + 1)  # fresh numbers, same layout
     x.update(log_pi=extra["reward"], log_mu=extra["value"], log_ratio=extra["next_value"])
     g = torch.Generator().manual_seed(seed + 2)
-    per_action = tuple(shape) + (N_ACTIONS,)
+    per_action = tuple(shape) + (n_actions,)
     x["pi"] = torch.softmax(randn(per_action, g, torch.float64), -1).to(dtype)
     x["next_pi"] = torch.softmax(randn(per_action, g, torch.float64), -1).to(dtype)
     x["q_values"], x["next_q_values"] = randn(per_action, g, dtype), randn(per_action, g, dtype)
-    x["action"] = torch.randint(N_ACTIONS, tuple(shape), generator=g).to(DEVICE)
+    x["action"] = torch.randint(n_actions, tuple(shape), generator=g).to(DEVICE)
     x["behavior_prob"] = (0.1 + 0.9 * torch.rand(tuple(shape), generator=g, dtype=torch.float64)).to(dtype).to(DEVICE)
     return x
 
@@ -178,6 +181,7 @@ LAYOUTS = [
     ((50,), 0, "contig"),
     ((3, 2, 17, 2), -2, "sliced"),
 ]
+DISCRETE_ALGOS = ["retrace_discrete", "retrace_discrete_log", "retrace_discrete_shifted"]
 # the other variants differ only in how the weights are given
 SWEPT = ["vtrace", "vtrace_shifted", "retrace", "retrace_discrete", "retrace_discrete_shifted"]
 
@@ -587,6 +591,37 @@ def test_retrace_discrete_per_action_layouts(shape, time_dim, layout, log_form, 
         for short, name in (("pi", "pi"), ("q", "q_values"), ("npi", "next_pi"), ("nq", "next_q_values")):
             copied = launched[short] != stored[name].data_ptr()
             assert copied == (layout == "batch_permuted"), f"{name} copied: {copied}"
+
+
+ACTION_GROUP_CASES = [(a, T) for a in (1, 2, 3, 5, 8, 16) for T in (1, 3, 24, 63, 200)]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("algo", DISCRETE_ALGOS)
+@pytest.mark.parametrize("n_actions,T", ACTION_GROUP_CASES, ids=[f"A{a}-T{T}" for a, T in ACTION_GROUP_CASES])
+def test_retrace_discrete_action_groups(algo, n_actions, T, monkeypatch):
+    """Contiguous per-action tensors of a power-of-two number of actions up to ``MAX_ACTION_GROUP`` are read a
+    group of steps' actions per load (``A_GROUP``), others with a load per action; with carried and final states,
+    against the float64 reference. The launch gets ``A_GROUP`` exactly where it applies."""
+    x = make_rollout((3, T), -1, "random", n_actions=n_actions, seed=T + n_actions)
+    module = sys.modules[retrace_discrete.__module__]
+    launched = {}
+    original = module.launch
+
+    def spy(kernel, layout_, **kwargs):
+        launched["A_GROUP"] = kwargs["A_GROUP"]
+        return original(kernel, layout_, **kwargs)
+
+    monkeypatch.setattr(module, "launch", spy)
+    call, ref, _ = ALGOS[algo]
+    state = randn((3,), torch.Generator().manual_seed(7))
+    kw = {"gamma": GAMMA, **_coefs("retrace"), "time_dim": -1}
+    q_ret, adv, ht = call(x, backend="triton", initial_state=state.to(DEVICE), output_final_state=True, **kw)
+    (e_ret, e_adv), e_ht = ref(x, initial_state=state.double().to(DEVICE), **kw)
+    for name, out, expected in (("q_ret", q_ret, e_ret), ("advantage", adv, e_adv), ("final state", ht, e_ht)):
+        assert_close(name, out, expected, torch.float32)
+    grouped = n_actions & (n_actions - 1) == 0 and n_actions <= module.MAX_ACTION_GROUP
+    assert launched["A_GROUP"] == (n_actions if grouped else 0)
 
 
 def test_bad_inputs_retrace_discrete():

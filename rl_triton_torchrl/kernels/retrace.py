@@ -160,6 +160,14 @@ def _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o
     b_pi = load_gather(pi_ptr, b_idx, s_pi_a, o_o, o_i, o_t, s_pi_o, s_pi_t, s_pi_i, m & b_ok, ACC)
     b_q = load_gather(q_ptr, b_idx, s_q_a, o_o, o_i, o_t, s_q_o, s_q_t, s_q_i, m & b_ok, ACC)
     b_mu = load_tile(mu_ptr, o_o, o_i, o_t, s_mu_o, s_mu_t, s_mu_i, m, ACC)
+    return _taken_ratio(b_idx, b_pi, b_q, b_mu, n_actions, LOG_RATIO)
+
+
+@triton.jit
+def _taken_ratio(b_idx, b_pi, b_q, b_mu, n_actions, LOG_RATIO: tl.constexpr):
+    """(pi / mu, Q) of the taken actions ``b_idx`` from their pi and Q; NaN where an index is outside
+    [0, n_actions)."""
+    b_ok = (b_idx >= 0) & (b_idx < n_actions)
     if LOG_RATIO:
         b_ratio = tl.exp(tl.log(b_pi) - b_mu)
     else:
@@ -182,6 +190,42 @@ def _expected_q(pi_ptr, q_ptr, s_pi_a, s_q_a, n_actions, o_o, o_i, o_t, s_pi_o, 
 
 
 @triton.jit
+def _action_groups(pi_ptr, q_ptr, b_act, o_o, o_i, o_t, s_pi_o, s_pi_i, s_q_o, s_q_i, m_r, T,
+                   A: tl.constexpr, ACC: tl.constexpr):
+    """(pi(a|s), Q(s, a) of the actions ``b_act``, E_pi Q(s, .)) [BLOCK_R, BLOCK_T] of the steps o_t, from per-action
+    tensors whose steps are contiguous groups of A actions (time stride A, action stride 1; A a power of two that
+    divides BLOCK_T, and o_t's columns consecutive steps from a multiple of A). Steps at or past T and masked rows
+    read 0; an action outside [0, A) gathers 0.
+
+    Load i reads, in column j = A g + l, action l of step o_t[A g] + i: A tiles of the steps' own shape whose columns
+    are contiguous in memory (vector loads, the layout of the per-step tiles), reduced over each column group in
+    registers and placed back at column A g + i. No value changes layout."""
+    BLOCK_R: tl.constexpr = m_r.shape[0]
+    BLOCK_T: tl.constexpr = o_t.shape[1]
+    G: tl.constexpr = BLOCK_T // A
+    o_l = tl.arange(0, BLOCK_T) % A  # [BLOCK_T] each column's action
+    o_l3 = tl.arange(0, A)[None, None, :]  # [1, 1, A]
+    o_g = o_t // A * A  # [1 or BLOCK_R, BLOCK_T] the first step of each column's group
+    p_pi = pi_ptr + (o_o * s_pi_o + o_i * s_pi_i)[:, None] + o_l[None, :]  # [BLOCK_R, BLOCK_T]
+    p_q = q_ptr + (o_o * s_q_o + o_i * s_q_i)[:, None] + o_l[None, :]
+    b_act3 = tl.reshape(tl.broadcast_to(b_act, [BLOCK_R, BLOCK_T]), [BLOCK_R, G, A])
+    b_pt = tl.zeros([BLOCK_R, G, A], ACC)
+    b_qt = tl.zeros([BLOCK_R, G, A], ACC)
+    b_e = tl.zeros([BLOCK_R, G, A], ACC)
+    for i in tl.static_range(A):
+        o_s = (o_g + i) * A  # [1 or BLOCK_R, BLOCK_T] element offset of step o_g + i
+        m_i = m_r[:, None] & (o_g + i < T)
+        b_pi = tl.reshape(tl.load(p_pi + o_s, mask=m_i, other=0).to(ACC), [BLOCK_R, G, A])
+        b_q = tl.reshape(tl.load(p_q + o_s, mask=m_i, other=0).to(ACC), [BLOCK_R, G, A])
+        b_a = tl.sum(tl.where(o_l3 == i, b_act3, 0), axis=2)[:, :, None]  # [BLOCK_R, G, 1] step A g + i's action
+        b_pt = tl.where(o_l3 == i, tl.sum(tl.where(o_l3 == b_a, b_pi, 0), axis=2)[:, :, None], b_pt)
+        b_qt = tl.where(o_l3 == i, tl.sum(tl.where(o_l3 == b_a, b_q, 0), axis=2)[:, :, None], b_qt)
+        b_e = tl.where(o_l3 == i, tl.sum(b_pi * b_q, axis=2)[:, :, None], b_e)
+    return (tl.reshape(b_pt, [BLOCK_R, BLOCK_T]), tl.reshape(b_qt, [BLOCK_R, BLOCK_T]),
+            tl.reshape(b_e, [BLOCK_R, BLOCK_T]))
+
+
+@triton.jit
 def _retrace_discrete_fwd_kernel(
     r_ptr, q_ptr, nq_ptr, pi_ptr, npi_ptr, act_ptr, mu_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, c_bar_ptr,
     qret_ptr, adv_ptr, h0_ptr, ht_ptr, lb_ptr,
@@ -195,14 +239,18 @@ def _retrace_discrete_fwd_kernel(
     STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, ONE_CHUNK: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    SHIFTED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    SHIFTED: tl.constexpr, A_GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """``_retrace_fwd_kernel`` on the per-action tensors of a discrete action space: ``q``, ``nq``, ``pi`` and
     ``npi`` point at action 0 of ``[*B, T, A]`` tensors (their strides those of that entry's view, ``s_*_a`` the
     action dimension's), ``act`` the taken actions, ``mu`` their behaviour probabilities (or logs). The gathers of
     the taken action and the expectation over the next step's actions happen here, in ACC. ``SHIFTED``: the next
     step's ``pi`` and ``q`` are those one step on, and ``npi`` and ``nq`` hold the last ones ``[*B, A]`` (time stride
-    0), read once per row."""
+    0), read once per row. ``A_GROUP``: the number of actions where every per-action tensor stepping along time
+    holds each step's actions contiguously (time stride A_GROUP, action stride 1, A_GROUP a power of two), else 0:
+    then the chunks of ``BLOCK_T`` steps (a multiple of A_GROUP; no ``WINDOW``) read them in groups
+    (``_action_groups``)."""
+    GROUPED: tl.constexpr = A_GROUP > 0 and BLOCK_T % max(A_GROUP, 1) == 0 and not WINDOW
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64, ONE_CHUNK)
     if SHIFTED:  # E_pi Q after the last step [BLOCK_R, 1] (npi and nq of time stride 0)
@@ -213,26 +261,44 @@ def _retrace_discrete_fwd_kernel(
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         b_nd, b_nterm = load_not_flags(d_ptr, term_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i,
                                        s_term_o, s_term_t, s_term_i, m, ACC, SAME_FLAGS, w)  # [BLOCK_R, BLOCK_T]
-        _, b_q = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t, m,
-                        s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o, s_mu_t,
-                        s_mu_i, ACC, LOG_RATIO)
-        # E_pi Q(s'_t, .) = sum_a pi(a|s'_t) Q(s'_t, a); a terminated step's is never read (nor can a NaN leak)
-        if SHIFTED:  # pi and q one step on, then the last ones
-            b_nq = tl.where(o_t == T - 1, b_nq_last,
-                            _expected_q(pi_ptr, q_ptr, s_pi_a, s_q_a, n_actions, o_o, o_i, o_t + 1, s_pi_o, s_pi_t,
-                                        s_pi_i, s_q_o, s_q_t, s_q_i, m_r[:, None] & (o_t + 1 < T), ACC))
-        else:
-            b_nq = _expected_q(npi_ptr, nq_ptr, s_npi_a, s_nq_a, n_actions, o_o, o_i, o_t, s_npi_o, s_npi_t, s_npi_i,
-                               s_nq_o, s_nq_t, s_nq_i, m, ACC)  # [BLOCK_R, BLOCK_T]
-        b_nq = zero_where(b_nq, b_nterm == 0)
-        b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
-        # c_(t+1) and Q(s_(t+1), a_(t+1)): gathers one step later
+        # c_(t+1) and Q(s_(t+1), a_(t+1)): the taken actions one step later
         o_t1 = o_t + 1
         m_t1 = o_t1 < T
         m1 = m_r[:, None] & m_t1
-        b_ratio1, b_q1 = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t1, m1,
-                                s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o,
-                                s_mu_t, s_mu_i, ACC, LOG_RATIO)
+        if GROUPED:  # every per-action tile in the steps' layout; the steps one on through pointers one step on
+            b_act = load_index(act_ptr, o_o, o_i, o_t, s_act_o, s_act_t, s_act_i, m)
+            b_act1 = load_index(act_ptr, o_o, o_i, o_t1, s_act_o, s_act_t, s_act_i, m1)
+            _, b_q, _ = _action_groups(pi_ptr, q_ptr, b_act, o_o, o_i, o_t, s_pi_o, s_pi_i, s_q_o, s_q_i, m_r, T,
+                                       A_GROUP, ACC)
+            b_q = tl.where((b_act >= 0) & (b_act < n_actions), b_q, float("nan"))
+            b_pi1, b_q1, b_e1 = _action_groups(pi_ptr + A_GROUP, q_ptr + A_GROUP, b_act1, o_o, o_i, o_t, s_pi_o,
+                                               s_pi_i, s_q_o, s_q_i, m_r, T - 1, A_GROUP, ACC)
+            b_ratio1, b_q1 = _taken_ratio(b_act1, b_pi1, b_q1,
+                                          load_tile(mu_ptr, o_o, o_i, o_t1, s_mu_o, s_mu_t, s_mu_i, m1, ACC),
+                                          n_actions, LOG_RATIO)
+            if SHIFTED:
+                b_nq = tl.where(o_t == T - 1, b_nq_last, b_e1)
+            else:
+                _, _, b_nq = _action_groups(npi_ptr, nq_ptr, b_act, o_o, o_i, o_t, s_npi_o, s_npi_i, s_nq_o,
+                                            s_nq_i, m_r, T, A_GROUP, ACC)
+        else:  # gathers, and a load per action
+            _, b_q = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t, m,
+                            s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o, s_mu_t,
+                            s_mu_i, ACC, LOG_RATIO)
+            # E_pi Q(s'_t, .) = sum_a pi(a|s'_t) Q(s'_t, a)
+            if SHIFTED:  # pi and q one step on, then the last ones
+                b_nq = tl.where(o_t == T - 1, b_nq_last,
+                                _expected_q(pi_ptr, q_ptr, s_pi_a, s_q_a, n_actions, o_o, o_i, o_t + 1, s_pi_o,
+                                            s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, m_r[:, None] & (o_t + 1 < T), ACC))
+            else:
+                b_nq = _expected_q(npi_ptr, nq_ptr, s_npi_a, s_nq_a, n_actions, o_o, o_i, o_t, s_npi_o, s_npi_t,
+                                   s_npi_i, s_nq_o, s_nq_t, s_nq_i, m, ACC)  # [BLOCK_R, BLOCK_T]
+            b_ratio1, b_q1 = _taken(pi_ptr, q_ptr, act_ptr, mu_ptr, n_actions, s_pi_a, s_q_a, o_o, o_i, o_t1, m1,
+                                    s_pi_o, s_pi_t, s_pi_i, s_q_o, s_q_t, s_q_i, s_act_o, s_act_t, s_act_i, s_mu_o,
+                                    s_mu_t, s_mu_i, ACC, LOG_RATIO)
+        # a terminated step's E_pi Q is never read (nor can a NaN leak)
+        b_nq = zero_where(b_nq, b_nterm == 0)
+        b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         b_c1 = _clipped_trace(b_ratio1, lmbda_ptr, c_bar_ptr, lmbda, c_bar, o_o, o_i, o_t1, m1, s_lmbda_o,
                               s_lmbda_t, s_lmbda_i, s_c_bar_o, s_c_bar_t, s_c_bar_i, ACC, LMBDA_TENSOR, C_BAR_TENSOR)
         b_qret, b_h = _retrace_tile(b_r, b_nq, b_nd, b_nterm, b_g, b_c1, b_q1, m_t1, b_h, m, CUT_A, lb_ptr, o_r,
@@ -533,7 +599,8 @@ def retrace_discrete(
                "c_bar": check_coef("c_bar", c_bar, steps, high=None)},
         outputs={"qret": q_ret, "adv": adv},
         initial_state=initial_state, output_final_state=output_final_state, LOG_RATIO=behavior_log_prob is not None,
-        SHIFTED=shifted, n_actions=n_actions, **{f"s_{name}_a": stride for name, (_, stride) in per_action.items()},
+        SHIFTED=shifted, A_GROUP=_action_group(per_action, steps, n_actions, shifted), n_actions=n_actions,
+        **{f"s_{name}_a": stride for name, (_, stride) in per_action.items()},
     )
     return (q_ret, adv, ht) if output_final_state else (q_ret, adv)
 
@@ -547,3 +614,22 @@ def _action_entry(x: torch.Tensor, steps) -> tuple[torch.Tensor, int]:
         x = x.contiguous()
         view = x[..., 0]
     return view, x.stride(-1)
+
+
+# the most actions that the kernel reads in groups (``_action_groups``: A loads per tile, unrolled)
+MAX_ACTION_GROUP = 16
+
+
+def _action_group(per_action: dict, steps, n_actions: int, shifted: bool) -> int:
+    """``A_GROUP`` of ``_retrace_discrete_fwd_kernel``: ``n_actions`` where every per-action tensor stepping along
+    time (``q`` and ``pi``, and ``nq`` and ``npi`` unless ``shifted``: then they hold the last step's) keeps each
+    step's actions contiguous, one step after the other (time stride A, action stride 1: a ``[*B, T, A]`` tensor
+    contiguous in its last two dimensions), and A is a power of two up to ``MAX_ACTION_GROUP``; else 0."""
+    if n_actions > MAX_ACTION_GROUP or n_actions & (n_actions - 1):
+        return 0
+    names = ("q", "pi") if shifted else ("q", "pi", "nq", "npi")
+    for name in names:
+        view, stride_a = per_action[name]
+        if stride_a != 1 or view.stride(steps.time_dim) != n_actions:
+            return 0
+    return n_actions
