@@ -620,8 +620,11 @@ def _action_entry(x: torch.Tensor, steps) -> tuple[torch.Tensor, int]:
     return view, x.stride(-1)
 
 
-# the most actions that the kernel reads in groups (``_action_groups``: A loads per tile, unrolled)
-MAX_ACTION_GROUP = 16
+# The most actions that the kernel reads in groups (``_action_groups``: A loads per tensor and tile, unrolled). sm_90
+# SASS at 4096 x 128 (benchmarks/results/sm90_sass/retrace_discrete_groups.md): 8 actions take 94-128 registers and
+# 1312-1360 instructions, 16 actions 154-190 and 2416, where the load per action keeps 115-128 registers and loops
+# over the actions at run time. Static counts only: 16 stays on the load per action until a GPU A/B.
+MAX_ACTION_GROUP = 8
 
 
 def _action_group(per_action: dict, steps, n_actions: int, shifted: bool) -> int:
