@@ -624,6 +624,29 @@ def test_retrace_discrete_action_groups(algo, n_actions, T, monkeypatch):
     assert launched["A_GROUP"] == (n_actions if grouped else 0)
 
 
+# bench_peers' cells where retrace_discrete read NaN or wrong values on an H200 at 16d0127 (one-row tiles of one chunk)
+ONE_CHUNK_ROWS = [(128, 1024), (256, 1024), (512, 2048)]
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (too slow for the interpreter)")
+@pytest.mark.parametrize("algo", ["retrace_discrete", "retrace_discrete_shifted"])
+@pytest.mark.parametrize("n_actions", [3, 4], ids=["A3", "A4"])
+@pytest.mark.parametrize("shape", ONE_CHUNK_ROWS, ids=[f"B{b}-T{t}" for b, t in ONE_CHUNK_ROWS])
+def test_retrace_discrete_one_chunk_rows(shape, n_actions, algo):
+    """Rows of 1024-2048 steps in one-row tiles of one chunk, both per-action paths (3 actions: a load per action; 4:
+    groups), every call twice (the same bits), against the float64 reference."""
+    x = make_rollout(shape, -1, "random", n_actions=n_actions, seed=shape[0])
+    call, ref, _ = ALGOS[algo]
+    kw = {"gamma": GAMMA, **_coefs("retrace"), "time_dim": -1}
+    out = call(x, backend="triton", **kw)
+    again = call(x, backend="triton", **kw)
+    expected, _ = ref(x, **kw)
+    for i, (o, a, e) in enumerate(zip(out, again, expected)):
+        assert torch.equal(o, a), f"{algo}[{i}]: two calls differ"
+        assert_close(f"{algo}[{i}]", o, e, torch.float32)
+
+
 def test_bad_inputs_retrace_discrete():
     x = _cpu_rollout((2, 5))
     pi, action, q, npi, nq, r, d = (x[k] for k in ("pi", "action", "q_values", "next_pi", "next_q_values", "reward",
