@@ -42,6 +42,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   (``scan.WIDE_4_WARPS_MAX_T``; up to ad197e7 it capped them at 1024 steps on any number of warps).
 - ``vtlong``: V-trace's one-row tiles of up to 4096 steps for up to 256 rows of 2049-4095 steps, as GAE's
   (``scan.WIDE_LONG_MAX_ROWS``; main: up to 128 rows, since 2026-12-06; before, 2048-step tiles walked in turn).
+- ``vtshift``: V-trace's one-row tiles in its shifted mode as wide as with next values (``scan.WIDE_SHIFTED_MAX_T``
+  empty; main: 1024 steps); with ``warpst`` (``warpst_vtshift``) 512 x 2048 takes one 2048-step tile on 16 warps.
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
   unless the final state is stored: ``scan.scan_tile_enter``).
@@ -260,6 +262,8 @@ PATCHES = {
     "vt2048": {"WIDE_4_WARPS_MAX_T": {}},
     # V-trace's one-row tiles of up to 4096 steps for up to 256 rows of 2049-4095 steps (scan.WIDE_LONG_MAX_ROWS)
     "vtlong": {"WIDE_LONG_MAX_ROWS": {**_scan.WIDE_LONG_MAX_ROWS, "_vtrace_fwd_kernel": 256}},
+    # V-trace's shifted one-row tiles as wide as with next values (scan.WIDE_SHIFTED_MAX_T; main: 1024 steps)
+    "vtshift": {"WIDE_SHIFTED_MAX_T": {}},
     "row128": {"launch_config": _launch_config_row128},
     # V-trace's vs_(t+1) read back from the stored output in tiles of fewer than 128 steps too (vtrace.RELOAD_NARROW;
     # main gathers it one column on there, through shared memory)
