@@ -35,7 +35,8 @@ given):
 3. ``host`` (about 20 s): at 4096 x 128, a bare call of each function of our kernels API and of each TorchRL-signature
    functional (back to back, host wall time per call, the best of 5), and our estimator modules GAE,
    TDLambdaEstimator (values precomputed in the rollout TensorDict) and VTrace (which evaluates its actor and critic
-   on every call, as TorchRL's does), through ``bench_estimators.measure``.
+   on every call, as TorchRL's does; timed again with its value functional stubbed, the floor the networks and the
+   module layer set), through ``bench_estimators.measure``.
 4. ``first_call`` (about 25 s): in a fresh subprocess with an empty Triton cache (``TRITON_CACHE_DIR`` a new temp
    folder), then in another one with that cache filled: the time to import torch and the package, and the wall time
    of the first (and second) call of each algorithm at 4096 x 128.
@@ -1051,8 +1052,13 @@ def part_host(run: Run):
                            wall_us=m.get("ours_wall_us"), torchrl_wall_us=m.get("torchrl_wall_us"),
                            max_err=m.get("max_abs_diff"), checked_against="TorchRL's class, eager",
                            measure_status=m.get("status"))
-                if with_net:
-                    row["note"] = "evaluates its actor and critic on every call (as TorchRL's VTrace does)"
+                if with_net:  # the floor: the same call with the value functionals stubbed
+                    stub = bench_estimators.measure("eager", name, with_net, margs, actor, critic, "stub")
+                    row["stubbed_wall_us"] = stub.get("ours_wall_us")
+                    floor = row["stubbed_wall_us"] or float("nan")
+                    row["note"] = ("evaluates its actor and critic on every call (as TorchRL's VTrace does); "
+                                   f"{floor:.0f} µs with its value functional stubbed (the networks and the module "
+                                   "layer: the floor)")
                 else:
                     row["note"] = "values precomputed in the rollout TensorDict"
             except Exception as e:  # noqa: BLE001
