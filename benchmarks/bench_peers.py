@@ -7,6 +7,7 @@
     python benchmarks/bench_peers.py --smoke         # CPU: tiny sizes, ours through Triton's interpreter
     RL_TRITON_SRC=/tmp/rl-triton/src python benchmarks/bench_peers.py --check-mapping   # CPU: see below
     python benchmarks/bench_peers.py --extract-peers .peers --rl-triton-mirror DIR      # put the peers in place
+    python benchmarks/bench_peers.py --parts release --variant warpst --name bench_peers_warpst   # an A/B of ours
 
 Peers, both optional and loaded from local folders (neither project's code is part of this repository):
 
@@ -1462,6 +1463,9 @@ def parse_args(argv=None):
     parser.add_argument("--child-timeout-s", type=float, default=120)
     parser.add_argument("--aot-dir", help="first_call: a third process, with an empty Triton cache and this bundle "
                         "of precompiled kernels (python -m rl_triton_torchrl.kernels.precompile)")
+    parser.add_argument("--variant", default="base", help="one of ablate_kernels.py's variants (an A/B of the kernels "
+                        "or of their launch rule), applied in this process before anything runs (first_call's fresh "
+                        "processes run main's)")
     parser.add_argument("--out", default="h200" if DEVICE == "cuda" else "cpu",
                         help="subdirectory of benchmarks/results, or a path")
     parser.add_argument("--name", default="bench_peers")
@@ -1527,7 +1531,12 @@ def main(argv=None):
     if args.plan:
         return
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if args.variant != "base":
+        from ablate_kernels import apply_variant
+
+        apply_variant(args.variant)
     run = Run(args, argv)
+    run.env["variant"] = args.variant
     rlt, rlt_info = load_rl_triton()
     puffer = PufferLib()
     if "pufferlib" in args.parts:

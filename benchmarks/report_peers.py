@@ -287,6 +287,8 @@ def markdown(data, name) -> str:
         L += [f"Command: `{data['command']}`", ""]
     if env.get("mode"):
         L += [f"Mode: **{env['mode']}** (not the full grids).", ""]
+    if env.get("variant", "base") != "base":
+        L += [f"Variant: **{env['variant']}** (`ablate_kernels.py`'s; not main's kernels or launch rule).", ""]
     if env.get("device") != "cuda":
         L += ["**Not a GPU run**: every time below is host wall time through Triton's interpreter (a smoke run).", ""]
     if env.get("interrupted"):

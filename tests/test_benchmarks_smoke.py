@@ -211,6 +211,24 @@ def test_bench_peers_smoke(tmp_path):
     assert "## Cliffs (device time per element)" in md and "## First call" in md
 
 
+@pytest.mark.triton
+def test_bench_peers_variant(tmp_path):
+    """``--variant`` runs our kernels under one of ablate_kernels.py's variants (here retrace_discrete's load per
+    action, and one warp per 128 steps), checked against float64 like main's, and says so in the JSON and report."""
+    env = {k: v for k, v in os.environ.items() if k not in PEER_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "bench_peers.py", "--smoke", "--parts", "release", "--release-shapes",
+                             "3x9", "--algorithms", "retrace_discrete,vtrace", "--variant", "nogroup_warpst",
+                             "--out", str(tmp_path), "--name", "ab"], cwd=BENCH, capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((tmp_path / "ab.json").read_text())
+    assert data["environment"]["variant"] == "nogroup_warpst"
+    ours = [r for r in data["rows"] if r["impl"] == "ours"]
+    assert len(ours) == 4 and {r["status"] for r in ours} == {"ok"} and all(r["max_err"] < 1e-4 for r in ours)
+    assert "Variant: **nogroup_warpst**" in (tmp_path / "ab.md").read_text()
+
+
 def ours_algorithms():
     return ("gae", "td_lambda", "vtrace", "discounted_return", "eligibility_traces", "episodic_prefix_sum",
             "retrace_discrete")
