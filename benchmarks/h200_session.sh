@@ -4,11 +4,11 @@
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
 # STEPS picks steps (default: tests kernels estimators sb3 host ppo; also kerneltests, kerneltests1, kerneltests2,
-# lean0, rslrl_tests, scale, hypothesis, peers, firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute,
+# lean0, rslrl_tests, scale, hypothesis, peers, peers_ab, firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute,
 # ppo_gpu_65536, ablate_offsets, proto_misaligned, ncu, sweep, sweep_stages, sweep_time_major, ddp1, ddp2), run in
 # this order: tests kerneltests kerneltests1 kerneltests2 lean0 rslrl_tests scale hypothesis sweep sweep_stages
-# sweep_time_major ablate_offsets proto_misaligned ncu kernels estimators sb3 host peers firstcall rslrl rslrl_ppo
-# ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
+# sweep_time_major ablate_offsets proto_misaligned ncu kernels estimators sb3 host peers peers_ab firstcall rslrl
+# rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
 # All of them take about 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py
 # --plan` estimates it), so with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -142,6 +142,21 @@ if has peers; then  # ours vs rl-triton vs PufferLib (RL_TRITON_SRC, PUFFERLIB_E
     timeout ${PEERS_TIMEOUT:-540} python bench_peers.py --budget-s ${PEERS_BUDGET:-420} ${PEERS_ARGS:-} --out "$R/h200" \
     > "$R/bench_peers.log" 2>&1
   tail -40 "$R/bench_peers.log"
+fi
+if has peers_ab; then  # ours under each of AB_VARIANTS (ablate_kernels.py's) against the peers, base first, AB_ROUNDS
+  # times (about 80 s a run); default: the one-row tiles (warpst_vtshift) and retrace_discrete's grouped reads (nogroup)
+  i=0
+  for _ in $(seq ${AB_ROUNDS:-1}); do
+    for v in base ${AB_VARIANTS:-warpst_vtshift nogroup}; do
+      i=$((i + 1))
+      RL_TRITON_SRC=${RL_TRITON_SRC:-$PWD/../.peers/rl_triton_src} timeout ${AB_TIMEOUT:-100} python bench_peers.py \
+        --parts release --variant $v --budget-s ${AB_BUDGET:-85} \
+        --algorithms ${AB_ALGORITHMS:-gae,vtrace,retrace_discrete,eligibility_traces} \
+        --release-shapes ${AB_SHAPES:-64x512,128x1024,256x1024,512x512,512x2048,4096x128,16384x512} \
+        --name bench_peers_ab_${i}_$v --out "$R/h200" > "$R/bench_peers_ab_${i}_$v.log" 2>&1
+      tail -1 "$R/bench_peers_ab_${i}_$v.log"
+    done
+  done
 fi
 if has firstcall; then  # a fresh process's first call, Triton's cache filled, with and without prewarm
   timeout 200 python first_call_host.py --setup-s 0,1 --repeats 3 --out "$R/h200" > "$R/first_call_host.log" 2>&1
