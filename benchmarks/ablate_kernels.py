@@ -55,6 +55,9 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``nogroup``: ``retrace_discrete`` reads its per-action tensors with a load per action and gathers (in a layout of
   their own, converted to the steps' through shared memory), as before 2026-12-06, instead of a group of steps'
   actions per load in the steps' layout (``retrace._action_group``).
+- ``onechunkpa``: ``retrace_discrete``'s load per action compiled without its chunk loop in rows of one chunk
+  (``retrace.ONE_CHUNK_PER_ACTION``), as when it read wrong values on an H200 at 16d0127; with ``nogroup`` every
+  action count takes that path.
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -271,6 +274,9 @@ PATCHES = {
     # retrace_discrete's per-action tensors read with a load per action and gathers, as before 2026-12-06, not in
     # groups of a step's actions (retrace._action_group)
     "nogroup": {"_action_group": lambda per_action, steps, n_actions, shifted: 0},
+    # retrace_discrete's load per action without its chunk loop in rows of one chunk, as at f6ebe50-16d0127
+    # (retrace.ONE_CHUNK_PER_ACTION; main keeps the loop there)
+    "onechunkpa": {"ONE_CHUNK_PER_ACTION": tl.constexpr(True)},
 }
 
 

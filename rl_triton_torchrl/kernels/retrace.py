@@ -225,6 +225,14 @@ def _action_groups(pi_ptr, q_ptr, b_act, o_o, o_i, o_t, s_pi_o, s_pi_i, s_q_o, s
             tl.reshape(b_e, [BLOCK_R, BLOCK_T]))
 
 
+# The load per action compiled without its chunk loop in rows of one chunk (``ONE_CHUNK``), as at f6ebe50-16d0127,
+# where it read NaN or wrong values in 3 release cells on an H200 (see the kernel's docstring). Off: the path keeps its
+# loop. ``ablate_kernels.py``'s ``onechunkpa`` turns it on, to isolate the cause on a GPU (``bench_peers.py --parts
+# release --algorithms retrace_discrete --variant onechunkpa_nogroup`` checks every cell against float64). A kernel
+# global: set it before a process's first ``retrace_discrete`` call.
+ONE_CHUNK_PER_ACTION = tl.constexpr(False)
+
+
 @triton.jit
 def _retrace_discrete_fwd_kernel(
     r_ptr, q_ptr, nq_ptr, pi_ptr, npi_ptr, act_ptr, mu_ptr, d_ptr, term_ptr, gamma_ptr, lmbda_ptr, c_bar_ptr,
@@ -249,14 +257,15 @@ def _retrace_discrete_fwd_kernel(
     0), read once per row. ``A_GROUP``: the number of actions where every per-action tensor stepping along time
     holds each step's actions contiguously (time stride A_GROUP, action stride 1, A_GROUP a power of two), else 0:
     then the chunks of ``BLOCK_T`` steps (a multiple of A_GROUP; no ``WINDOW``) read them in groups
-    (``_action_groups``). The load per action keeps its chunk loop (``ONE_CHUNK`` ignored): compiled without it
-    (f6ebe50), it read NaN or wrong values in 3 of 24 release cells on an H200 (128 x 1024, 256 x 1024, 512 x 2048:
-    one-row tiles of one chunk; benchmarks/results/h200/bench_peers_16d0127.md), where its last GPU run with the loop
-    (a911ce8, H100) was right in all 24; the cause is not isolated."""
+    (``_action_groups``). The load per action keeps its chunk loop (``ONE_CHUNK`` ignored unless
+    ``ONE_CHUNK_PER_ACTION``): compiled without it (f6ebe50), it read NaN or wrong values in 3 of 24 release cells on
+    an H200 (128 x 1024, 256 x 1024, 512 x 2048: one-row tiles of one chunk;
+    benchmarks/results/h200/bench_peers_16d0127.md), where its last GPU run with the loop (a911ce8, H100) was right
+    in all 24; the cause is not isolated."""
     GROUPED: tl.constexpr = A_GROUP > 0 and BLOCK_T % max(A_GROUP, 1) == 0 and not WINDOW
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64,
-        ONE_CHUNK and GROUPED)
+        ONE_CHUNK and (GROUPED or ONE_CHUNK_PER_ACTION))
     if SHIFTED:  # E_pi Q after the last step [BLOCK_R, 1] (npi and nq of time stride 0)
         b_nq_last = _expected_q(npi_ptr, nq_ptr, s_npi_a, s_nq_a, n_actions, o_o, o_i, 0, s_npi_o, s_npi_t, s_npi_i,
                                 s_nq_o, s_nq_t, s_nq_i, m_r[:, None], ACC)
