@@ -173,17 +173,22 @@ def peers():
     sys.path.remove(str(BENCH))
 
 
+def run_bench_peers(*args):
+    """``bench_peers.py --smoke *args`` in a subprocess, the peers' folders unset; asserts it succeeded."""
+    env = {k: v for k, v in os.environ.items() if k not in PEER_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "bench_peers.py", "--smoke", *args], cwd=BENCH, capture_output=True,
+                            text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.triton
 def test_bench_peers_smoke(tmp_path):
     """The peer benchmark end to end on the CPU, peers absent: every algorithm of the release grid (with and without
     truncations) checked against float64 and timed, the cliff sweep, our kernels API's host rows, both first-call
     processes (an empty Triton cache, then the filled one), and the report with its summary per target."""
-    env = {k: v for k, v in os.environ.items() if k not in PEER_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "bench_peers.py", "--smoke", "--parts", "release,cliffs,host,first_call",
-                             "--release-shapes", "4x5", "--host-parts", "kernels", "--out", str(tmp_path)],
-                            cwd=BENCH, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
+    run_bench_peers("--parts", "release,cliffs,host,first_call", "--release-shapes", "4x5", "--host-parts", "kernels",
+                    "--out", str(tmp_path))
     rows = json.loads((tmp_path / "bench_peers.json").read_text())["rows"]
     ours = {(r["algorithm"], r["truncation"]): r for r in rows if r["part"] == "release" and r["impl"] == "ours"}
     with_flag = ("gae", "td_lambda", "vtrace", "discounted_return", "retrace_discrete")
@@ -215,13 +220,8 @@ def test_bench_peers_smoke(tmp_path):
 def test_bench_peers_variant(tmp_path):
     """``--variant`` runs our kernels under one of ablate_kernels.py's variants (here retrace_discrete's load per
     action, and one warp per 128 steps), checked against float64 like main's, and says so in the JSON and report."""
-    env = {k: v for k, v in os.environ.items() if k not in PEER_VARS}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "bench_peers.py", "--smoke", "--parts", "release", "--release-shapes",
-                             "3x9", "--algorithms", "retrace_discrete,vtrace", "--variant", "nogroup_warpst",
-                             "--out", str(tmp_path), "--name", "ab"], cwd=BENCH, capture_output=True, text=True,
-                            timeout=600, env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
+    run_bench_peers("--parts", "release", "--release-shapes", "3x9", "--algorithms", "retrace_discrete,vtrace",
+                    "--variant", "nogroup_warpst", "--out", str(tmp_path), "--name", "ab")
     data = json.loads((tmp_path / "ab.json").read_text())
     assert data["environment"]["variant"] == "nogroup_warpst"
     ours = [r for r in data["rows"] if r["impl"] == "ours"]
