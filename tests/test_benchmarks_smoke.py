@@ -251,6 +251,7 @@ def test_bench_peers_host_functionals_and_modules(peers, tmp_path, monkeypatch):
     assert set(modules) == {"GAE", "TDLambdaEstimator", "VTrace"}
     assert {r["status"] for r in modules.values()} == {"ok"}, modules
     assert all(r["wall_us"] > 0 and r["torchrl_wall_us"] > 0 for r in modules.values())
+    assert modules["VTrace"]["stubbed_wall_us"] > 0  # its floor, ours alone with the value functional stubbed
 
 
 def test_peer_rollout_is_consistent(peers):
