@@ -173,6 +173,10 @@ PRESETS = {
                    lambda T: [rows_cfg(w, 1, n) for w in (512, 1024, 2048) if w <= T for n in (4, 8)]),
     # T = 24 (Isaac Lab) and T = 8 with thousands of rows (issue 17's cliffs)
     "odd_t": ([(65536, 24), (16384, 24), (4096, 24), (65536, 8), (4096, 8), (65536, 100)], _odd_t_candidates),
+    # the cliffs of bench_peers' sweep at 65536 rows (bench_peers_cliffs_discounted_efd16fd.md: 17-21, 33-45 and 63
+    # steps, 1.26-1.59x the per-element time of the powers of two around them): mostly masked 32- and 64-step tiles
+    # of 16 rows against more rows per program and narrow time tiles; 32 and 64 steps last, for comparison
+    "cliff_t": ([(65536, T) for T in (17, 33, 63, 20, 45, 32, 64)], _odd_t_candidates),
     # the default configuration timed twice in a row: what being first in a cell (after the reference) costs
     "repeat": ([(65536, 512), (65536, 2048)], lambda T: [rows_cfg(128, 4, 4)]),
     # the same: the uncapped configuration timed before and after a capped one (does the order matter?)
