@@ -1,6 +1,8 @@
 """Shared test utilities: random rollouts, tolerances, and comparisons that name the first mismatch."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -85,3 +87,31 @@ def window_states(state: torch.Tensor, h0: torch.Tensor, W: int, reverse: bool) 
     else:  # window k enters with the state leaving step k W - 1, the last of the window before it
         s = torch.cat([h0[:, None], state[:, W - 1:-1:W]], 1)
     return s.reshape(-1, *s.shape[2:])
+
+
+@contextlib.contextmanager
+def kernel_global(module, name: str, value, kernel):
+    """``module.name`` (a ``tl.constexpr`` switch that ``kernel`` reads, such as ``vtrace.RELOAD_NARROW``) set to
+    ``value`` inside the block, with ``kernel`` compiled afresh as it is set and again as it is restored.
+
+    Triton hashes a kernel's constexpr globals once, at its first compile, and refuses a later launch after one has
+    changed ("Global variable ... has changed since we compiled this kernel"), while the interpreter reads them at
+    each call. So every compiled copy is forgotten at both changes: Triton's (the hash and the per-device caches of
+    the ``JITFunction``), our launcher's, and the launch plans (a new epoch of ``scan``'s launch constants)."""
+    from rl_triton_torchrl.kernels import _launcher, scan
+
+    def forget():
+        if hasattr(kernel, "device_caches"):  # compiled (not the interpreter)
+            kernel.hash = None
+            kernel.device_caches.clear()
+            _launcher.launcher(kernel).compiled.clear()
+        scan.MAX_BLOCK_T = scan.MAX_BLOCK_T  # a new epoch: no plan replays a copy compiled before
+
+    old = getattr(module, name)
+    setattr(module, name, value)
+    forget()
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+        forget()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
-from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, randn, window_states, windows
+from _helpers import BACKENDS, DEVICE, PATTERNS, assert_close, case_id, kernel_global, randn, window_states, windows
 from test_algorithms import make_inputs
 from rl_triton_torchrl.kernels import reference as R
 from rl_triton_torchrl.kernels import scan
@@ -265,19 +265,17 @@ NARROW = [((5, 1, 1), -2), ((5, 3, 1), -2), ((37, 8, 1), -2), ((3, 24, 1), -2), 
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("shape,time_dim", NARROW, ids=[case_id(s, t) for s, t in NARROW])
 @pytest.mark.parametrize("algo", ["vtrace", "vtrace_shifted"])
-def test_vtrace_reads_vs_back_in_narrow_tiles(algo, shape, time_dim, pattern, with_state, monkeypatch):
+def test_vtrace_reads_vs_back_in_narrow_tiles(algo, shape, time_dim, pattern, with_state):
     """``vtrace.RELOAD_NARROW`` (off until a GPU A/B): tiles of fewer than 128 steps, whose rows share a warp, read
     vs_(t+1) back from the output just stored instead of gathering it one column on. The same numbers, masked rows
     and steps included (T = 1, 3, 8, 24, 63; time-major), with and without a carried state, and the final state."""
-    monkeypatch.setattr(sys.modules[vtrace.__module__], "RELOAD_NARROW", tl.constexpr(True))
-    # a new epoch of launch plans (``scan._ScanModule``): on a GPU no plan of an earlier call replays the kernel
-    # compiled without it
-    monkeypatch.setattr(scan, "MAX_BLOCK_T", scan.MAX_BLOCK_T)
     x = make_rollout(shape, time_dim, pattern, seed=shape[time_dim])
     h0 = _state_for(algo, x, time_dim, seed=7) if with_state else None
     call, ref, _ = ALGOS[algo]
     kw = {"gamma": GAMMA, **_coefs(algo), "time_dim": time_dim, "initial_state": h0}
-    *out, h = call(x, backend="triton", output_final_state=True, **kw)
+    module = sys.modules[vtrace.__module__]
+    with kernel_global(module, "RELOAD_NARROW", tl.constexpr(True), module._vtrace_fwd_kernel):
+        *out, h = call(x, backend="triton", output_final_state=True, **kw)
     expected, h_expected = ref(x, **kw)
     for i, (o, e) in enumerate(zip(out, expected)):
         assert_close(f"{algo}[{i}]", o, e)
