@@ -36,14 +36,15 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``flip``: reverse scans of one-row tiles wider than ``scan.WARP_LOCAL_T`` steps (few rows of medium length) with
   the tile's columns backward in time (descending addresses) and scanned forward, instead of Triton's reverse scan,
   which reverses its inputs and outputs across lanes and warps; ``fliplb``: look-back chunks of one row too.
-- ``warpst``: one-row tiles on one warp per 128 steps (4 to 16 warps; main: 8, 4 above ``scan.WIDE_FEW_WARPS_ROWS``
-  rows).
+- ``warpst``: one-row tiles on one warp per 128 steps (4 to 16 warps; main: 8 but for ``scan.WIDE_TILE_WARPS``,
+  the A/B of af85518 that set it, 4 above ``scan.WIDE_FEW_WARPS_ROWS`` rows).
 - ``vt2048``: V-trace's one-row tiles of up to 2048 steps on 4 warps too, as the other kernels'
   (``scan.WIDE_4_WARPS_MAX_T``; up to ad197e7 it capped them at 1024 steps on any number of warps).
 - ``vtlong``: V-trace's one-row tiles of up to 4096 steps for up to 256 rows of 2049-4095 steps, as GAE's
   (``scan.WIDE_LONG_MAX_ROWS``; main: up to 128 rows, since 2026-12-06; before, 2048-step tiles walked in turn).
 - ``vtshift``: V-trace's one-row tiles in its shifted mode as wide as with next values (``scan.WIDE_SHIFTED_MAX_T``
-  empty; main: 1024 steps); with ``warpst`` (``warpst_vtshift``) 512 x 2048 takes one 2048-step tile on 16 warps.
+  empty; main: 2048 steps since af85518's A/B, 1024 before); with ``warpst`` (``warpst_vtshift``) 512 x 2048 takes
+  one 2048-step tile on 16 warps, as main does now.
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
   unless the final state is stored: ``scan.scan_tile_enter``).
@@ -209,7 +210,7 @@ def _next_column_flip(b_x, b_last):
 
 
 def _launch_config_warpst(layout, kernel_name=None, shifted=False):
-    # one-row tiles (not look-back chunks) on one warp per 128 steps, 4 to 16 (main: 8, 4 above 512 rows)
+    # one-row tiles (not look-back chunks) on one warp per 128 steps, 4 to 16 (main: scan.WIDE_TILE_WARPS, else 8; 4 above 512 rows)
     cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
     if cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and cfg["BLOCK_T"] > _scan.MAX_BLOCK_T:
         cfg["num_warps"] = max(4, min(16, cfg["BLOCK_T"] // 128))
@@ -265,7 +266,7 @@ PATCHES = {
     "vt2048": {"WIDE_4_WARPS_MAX_T": {}},
     # V-trace's one-row tiles of up to 4096 steps for up to 256 rows of 2049-4095 steps (scan.WIDE_LONG_MAX_ROWS)
     "vtlong": {"WIDE_LONG_MAX_ROWS": {**_scan.WIDE_LONG_MAX_ROWS, "_vtrace_fwd_kernel": 256}},
-    # V-trace's shifted one-row tiles as wide as with next values (scan.WIDE_SHIFTED_MAX_T; main: 1024 steps)
+    # V-trace's shifted one-row tiles as wide as with next values (scan.WIDE_SHIFTED_MAX_T; main: 2048 steps)
     "vtshift": {"WIDE_SHIFTED_MAX_T": {}},
     "row128": {"launch_config": _launch_config_row128},
     # V-trace's vs_(t+1) read back from the stored output in tiles of fewer than 128 steps too (vtrace.RELOAD_NARROW;

@@ -35,10 +35,27 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
     assert "maxnreg" not in cfg  # register caps are for the 128-step row tiles
     if shape[1] < scan.LOOKBACK_MIN_T or shape[0] < scan.LOOKBACK_MANY_ROWS:
         assert scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")["BLOCK_T"] == vtrace_block_t
-        # V-trace's shifted input mode keeps tiles of at most 1024 steps (WIDE_SHIFTED_MAX_T); GAE's takes its tile
+        # V-trace's shifted input mode keeps tiles of at most 2048 steps (WIDE_SHIFTED_MAX_T), 2048-step ones on 16
+        # warps up to WIDE_FEW_WARPS_ROWS rows (WIDE_TILE_WARPS); GAE's takes its tile
         shifted = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel", shifted=True)
-        assert (shifted["BLOCK_T"], shifted["num_warps"]) == (min(vtrace_block_t, 1024), warps)
+        width = min(vtrace_block_t, 2048)
+        expected_warps = 16 if width == 2048 and shape[0] <= scan.WIDE_FEW_WARPS_ROWS else warps
+        assert (shifted["BLOCK_T"], shifted["num_warps"]) == (width, expected_warps)
         assert scan.launch_config(_layout(shape), "_gae_fwd_kernel", shifted=True) == cfg
+
+
+@pytest.mark.parametrize("kernel,shape,warps", [
+    ("_prefix_sum_fwd_kernel", (512, 512, 1), 4), ("_prefix_sum_fwd_kernel", (512, 2048, 1), 8),
+    ("_gae_fwd_kernel", (64, 300, 1), 4), ("_gae_fwd_kernel", (512, 2048, 1), 8),
+    ("_vtrace_fwd_kernel", (512, 2048, 1), 16), ("_vtrace_fwd_kernel", (64, 512, 1), 8),
+    ("_vtrace_fwd_kernel", (16, 3000, 1), 8), ("_td_lambda_fwd_kernel", (512, 512, 1), 8),
+    # above WIDE_FEW_WARPS_ROWS rows every kernel's one-row tiles take 4 warps
+    ("_prefix_sum_fwd_kernel", (1000, 512, 1), 4), ("_vtrace_fwd_kernel", (1000, 2048, 1), 4)])
+def test_one_row_tiles_take_their_kernels_warps(kernel, shape, warps):
+    """One-row tiles take WIDE_WARPS warps, or WIDE_TILE_WARPS' number for their kernel and width (the H200 A/B of
+    af85518), up to WIDE_FEW_WARPS_ROWS rows; 4 above."""
+    cfg = scan.launch_config(_layout(shape), kernel)
+    assert (cfg["BLOCK_R"], cfg["num_warps"]) == (1, warps), cfg
 
 
 @pytest.mark.parametrize("kernel", sorted(scan.KERNELS))

@@ -144,16 +144,28 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # (``vtrace``'s ``VS_RELOAD``; 80 -> 57 registers at 512 x 512): 512 x 2048 26.2 -> 22.3 µs, 100 x 1500 12.5 ->
 # 8.4, the rest level (16 x 2049 11.5 -> 11.7, 64 x 512 - 256 x 1024 within 0.1 µs). In their shifted input mode
 # (``SHIFTED``: the next values read one step on) the kernels of WIDE_SHIFTED_MAX_T keep tiles of at most that many
-# steps on any number of warps: V-trace's 2048-step tiles take 144 registers in it (107 with next values) and were
-# slower, 512 x 2048 without truncations 12.7 -> 15.4 µs by the 50-call graph (bench_peers_vtrace_ad197e7.md,
-# bench_peers_vtrace_9af10db.md), while the same cell with next values went 14.3 -> 11.7.
+# steps on any number of warps: V-trace's 2048-step tiles on 8 warps take 144 registers in it (107 with next values)
+# and were slower, 512 x 2048 without truncations 12.7 -> 15.4 µs by the 50-call graph (bench_peers_vtrace_ad197e7.md,
+# bench_peers_vtrace_9af10db.md), while the same cell with next values went 14.3 -> 11.7; on 16 warps (below) they
+# take 54 registers (sm_90, benchmarks/results/sm90_sass/wide_warps.md) and were faster than 1024-step tiles, so
+# the cap is 2048 steps: its 4096-step tiles (WIDE_LONG_MAX_ROWS) are not taken in that mode, unmeasured there. Up to
+# WIDE_FEW_WARPS_ROWS rows the kernels
+# of WIDE_TILE_WARPS take, for the tile widths it names, that many warps instead of WIDE_WARPS: H200
+# (benchmarks/results/h200/bench_peers_ab*_af85518.md, one warp per 128 steps against 8 warps, two runs each, 50-call
+# graph µs): the prefix-sum kernel's 512-step tiles on 4 warps, 512 x 512 traces 2.05 -> 1.85, prefix sums 2.04 ->
+# 1.83 (rl-triton 1.96-1.98), but 2048-step ones on 16 slower (512 x 2048 3.29 -> 3.96); GAE's 512-step ones on 4,
+# 512 x 512 2.97 -> 2.85 and 2.84 -> 2.78 in its shifted mode, 64 x 512 1.70 -> 1.61 (its 2048-step ones level on
+# 16; 4096 x 512 rows of two 2048-step tiles 13.9 -> 19.6: not taken); V-trace's 2048-step ones on 16, 512 x 2048
+# 9.66 -> 8.56, in its shifted mode 11.84 -> 9.02 with those tiles instead of 1024-step ones (its 512-step ones on
+# 4 slower in its shifted mode: 64 x 512 2.05 -> 2.62).
 # Tried and not taken (bench_peers_rule_2e98857.md): from 512 rows on, 4 warps and tiles half as wide. By the 50-call
 # graph (sweep_lookback_wide.md) V-trace 1.1-1.3x faster at 512-1024 rows of 1024-2048 steps (512 x 2048 16.1 ->
 # 12.9 µs) and GAE up to 1.2x, but rows just past a tile (T = 1025, 2047: misaligned, one more chunk walked in turn)
 # 2.1-3.0x slower at 512-1000 rows (1000 x 1025 15.2 -> 46.3 µs).
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_4_WARPS_MAX_T = {"_vtrace_fwd_kernel": 1024}
-WIDE_SHIFTED_MAX_T = {"_vtrace_fwd_kernel": 1024}
+WIDE_SHIFTED_MAX_T = {"_vtrace_fwd_kernel": 2048}
+WIDE_TILE_WARPS = {"_prefix_sum_fwd_kernel": {512: 4}, "_gae_fwd_kernel": {512: 4}, "_vtrace_fwd_kernel": {2048: 16}}
 # At most WIDE_LONG_MAX_ROWS[kernel] rows of more than WIDE_MAX_T steps and fewer than LOOKBACK_MIN_T (2049-4095)
 # with float32 accumulation: one tile of up to WIDE_LONG_T steps instead of two walked in turn. H100
 # (ablate_wide4096_38feaf5.md), faster in every cell of 16-100 rows: 16 x 2049 GAE 10.7 -> 9.3 µs, 16 x 4095 14.1 ->
@@ -815,7 +827,8 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
         if shifted:
             max_t = min(max_t, WIDE_SHIFTED_MAX_T.get(kernel_name, max_t))
         block_t = min(_pow2(layout.T), max_t)
-        block_r, num_warps = 1, (WIDE_WARPS if few_warps else 4)
+        block_r = 1
+        num_warps = WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, WIDE_WARPS) if few_warps else 4
     elif (kernel_name in TILE256_STAGES.get(layout.dtype.itemsize, ()) and layout.inner == 1
           and layout.T >= TILE256_MIN_T and layout.rows >= TILE256_MIN_ROWS):
         block_r, block_t, num_warps = TILE256_BLOCK_R, TILE256_T, TILE256_BLOCK_R
@@ -1129,6 +1142,7 @@ _CONFIG_NAMES = frozenset({
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
     "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_4_WARPS_MAX_T", "WIDE_SHIFTED_MAX_T",
+    "WIDE_TILE_WARPS",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
     "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS", "WINDOW_KERNELS", "WINDOW_MIN_CHUNKS",
 })
