@@ -59,6 +59,12 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``onechunkpa``: ``retrace_discrete``'s load per action compiled without its chunk loop in rows of one chunk
   (``retrace.ONE_CHUNK_PER_ACTION``), as when it read wrong values on an H200 at 16d0127; with ``nogroup`` every
   action count takes that path.
+- ``rdconst``: rows compiled for their length (``scan._constant_length``) also where an input's strides are a
+  multiple of the contiguous ones: ``retrace_discrete``'s per-action views (time stride A). On main its launches with
+  a T that is no multiple of 16 pass T at run time, and convert their outputs' layout before the stores (2-3
+  conversions, sm_90: ``tools/sass_sm90.py --algorithms retrace_discrete --shapes 3x1000``); at 3 x 1000 it read
+  wrong values on an H200 at af85518, where 3 x 1024 (no conversion) read right. The A/B of that lead:
+  ``python tools/diag_retrace_discrete.py rdconst``.
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -217,6 +223,13 @@ def _launch_config_warpst(layout, kernel_name=None, shifted=False):
     return cfg
 
 
+def _constant_length_scaled(layout, strides):
+    # scan._constant_length, with strides that are a multiple of the contiguous ones accepted as well
+    base = layout.contiguous_strides
+    return (layout.inner == 1 and layout.T % 16 != 0 and layout.T <= _scan.CONSTANT_MAX_T
+            and all(st[1] == 0 or (st[1] > 0 and tuple(st) == tuple(st[1] * c for c in base)) for st in strides))
+
+
 def _launch_config_row128(layout, kernel_name=None, shifted=False):
     # at most 1024 rows of 9-128 steps: one row per program on one warp (main: 4 rows per program on 4 warps)
     cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
@@ -278,6 +291,7 @@ PATCHES = {
     # retrace_discrete's load per action without its chunk loop in rows of one chunk, as at f6ebe50-16d0127
     # (retrace.ONE_CHUNK_PER_ACTION; main keeps the loop there)
     "onechunkpa": {"ONE_CHUNK_PER_ACTION": tl.constexpr(True)},
+    "rdconst": {"_constant_length": _constant_length_scaled},
 }
 
 
