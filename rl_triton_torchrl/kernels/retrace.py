@@ -256,13 +256,16 @@ def _retrace_discrete_fwd_kernel(
     step's ``pi`` and ``q`` are those one step on, and ``npi`` and ``nq`` hold the last ones ``[*B, A]`` (time stride
     0), read once per row. ``A_GROUP``: the number of actions where every per-action tensor stepping along time
     holds each step's actions contiguously (time stride A_GROUP, action stride 1, A_GROUP a power of two), else 0:
-    then the chunks of ``BLOCK_T`` steps (a multiple of A_GROUP; no ``WINDOW``) read them in groups
-    (``_action_groups``). The load per action keeps its chunk loop (``ONE_CHUNK`` ignored unless
+    then the chunks of ``BLOCK_T`` steps (a multiple of A_GROUP; no ``WINDOW``; row tiles, not ``LOOKBACK`` chunks)
+    read them in groups (``_action_groups``). Look-back chunks keep the load per action: the groups were slower there
+    on an H200 (512 x 4096, 50-call graph: 87.8 -> 114 µs with truncations, 78.5 -> 88.8 without;
+    benchmarks/results/h200/bench_peers_rd_nogroup_af85518.md against bench_peers_af85518.md), faster in the 22 other
+    release cells. The load per action keeps its chunk loop (``ONE_CHUNK`` ignored unless
     ``ONE_CHUNK_PER_ACTION``): compiled without it (f6ebe50), it read NaN or wrong values in 3 of 24 release cells on
     an H200 (128 x 1024, 256 x 1024, 512 x 2048: one-row tiles of one chunk;
     benchmarks/results/h200/bench_peers_16d0127.md), where its last GPU run with the loop (a911ce8, H100) was right
     in all 24; the cause is not isolated."""
-    GROUPED: tl.constexpr = A_GROUP > 0 and BLOCK_T % max(A_GROUP, 1) == 0 and not WINDOW
+    GROUPED: tl.constexpr = A_GROUP > 0 and BLOCK_T % max(A_GROUP, 1) == 0 and not WINDOW and not LOOKBACK
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64,
         ONE_CHUNK and (GROUPED or ONE_CHUNK_PER_ACTION))
