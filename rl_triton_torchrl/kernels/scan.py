@@ -151,12 +151,12 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # the cap is 2048 steps: its 4096-step tiles (WIDE_LONG_MAX_ROWS) are not taken in that mode, unmeasured there.
 # Up to WIDE_FEW_WARPS_ROWS rows the kernels of WIDE_TILE_WARPS take, for the tile widths it names, that many warps
 # instead of WIDE_WARPS: H200 (benchmarks/results/h200/bench_peers_ab*_af85518.md, one warp per 128 steps against 8
-# warps, two runs each, 50-call graph µs): the prefix-sum kernel's 512-step tiles on 4 warps, 512 x 512 traces 2.05 -> 1.85, prefix sums 2.04 ->
-# 1.83 (rl-triton 1.96-1.98), but 2048-step ones on 16 slower (512 x 2048 3.29 -> 3.96); GAE's 512-step ones on 4,
-# 512 x 512 2.97 -> 2.85 and 2.84 -> 2.78 in its shifted mode, 64 x 512 1.70 -> 1.61 (its 2048-step ones level on
-# 16; 512 x 4096, rows of two 2048-step tiles, 13.9 -> 19.6: not taken); V-trace's 2048-step ones on 16, 512 x 2048
-# 9.66 -> 8.56, in its shifted mode 11.84 -> 9.02 with those tiles instead of 1024-step ones (its 512-step ones on
-# 4 slower in its shifted mode: 64 x 512 2.05 -> 2.62).
+# warps, two runs each, 50-call graph µs): the prefix-sum kernel's 512-step tiles on 4 warps, 512 x 512 traces 2.05 ->
+# 1.85, prefix sums 2.04 -> 1.83 (rl-triton 1.96-1.98), but 2048-step ones on 16 slower (512 x 2048 3.29 -> 3.96); GAE's
+# 512-step ones on 4, 512 x 512 2.97 -> 2.85 and 2.84 -> 2.78 in its shifted mode, 64 x 512 1.70 -> 1.61 (its 2048-step
+# ones level on 16; 512 x 4096, rows of two 2048-step tiles, 13.9 -> 19.6: not taken); V-trace's 2048-step ones on 16,
+# 512 x 2048 9.66 -> 8.56, in its shifted mode 11.84 -> 9.02 with those tiles instead of 1024-step ones (its 512-step
+# ones on 4 slower in its shifted mode: 64 x 512 2.05 -> 2.62).
 # Tried and not taken (bench_peers_rule_2e98857.md): from 512 rows on, 4 warps and tiles half as wide. By the 50-call
 # graph (sweep_lookback_wide.md) V-trace 1.1-1.3x faster at 512-1024 rows of 1024-2048 steps (512 x 2048 16.1 ->
 # 12.9 µs) and GAE up to 1.2x, but rows just past a tile (T = 1025, 2047: misaligned, one more chunk walked in turn)
