@@ -3,12 +3,12 @@
 # estimator. Run from the repository root on the GPU machine (see ../shared/device/README.md for the wheels);
 # everything lands in $OUT/results.tgz (logs, JSON, markdown, CSV, PNG).
 #
-# STEPS picks steps (default: tests kernels estimators sb3 host ppo; also kerneltests, kerneltests1, kerneltests2,
-# lean0, rslrl_tests, scale, hypothesis, peers, peers_ab, firstcall, rslrl, rslrl_ppo, ppo_gpu, ppo_gpu_recompute,
-# ppo_gpu_65536, ablate_offsets, proto_misaligned, ncu, sweep, sweep_stages, sweep_time_major, ddp1, ddp2), run in
-# this order: tests kerneltests kerneltests1 kerneltests2 lean0 rslrl_tests scale hypothesis sweep sweep_stages
-# sweep_time_major ablate_offsets proto_misaligned ncu kernels estimators sb3 host peers peers_ab firstcall rslrl
-# rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
+# STEPS picks steps (default: tests kernels estimators sb3 host ppo; also rddiag, kerneltests, kerneltests1,
+# kerneltests2, lean0, rslrl_tests, scale, hypothesis, peers, peers_ab, firstcall, rslrl, rslrl_ppo, ppo_gpu,
+# ppo_gpu_recompute, ppo_gpu_65536, ablate_offsets, proto_misaligned, ncu, sweep, sweep_stages, sweep_time_major, ddp1,
+# ddp2), run in this order: rddiag tests kerneltests kerneltests1 kerneltests2 lean0 rslrl_tests scale hypothesis sweep
+# sweep_stages sweep_time_major ablate_offsets proto_misaligned ncu kernels estimators sb3 host peers peers_ab firstcall
+# rslrl rslrl_ppo ppo_gpu ppo_gpu_recompute ppo_gpu_65536 ppo ddp1 ddp2.
 # All of them take about 14 minutes, the kernel benchmark about 6 of them (`python benchmarks/bench_kernels.py
 # --plan` estimates it), so with a 10-minute limit per command run them in two calls, e.g.
 #   STEPS=kernels OUT=$OUT bash benchmarks/h200_session.sh
@@ -25,6 +25,11 @@ export PYTHONUNBUFFERED=1
 # has STEP: whether STEP is to run; a step that runs is logged with its start time in $R/steps.txt
 has() { [[ " $STEPS " == *" $1 "* ]] && echo "$1 starts at ${SECONDS} s" >> "$R/steps.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$R/gpu.txt"
+if has rddiag; then  # where retrace_discrete reads wrong (3 x 1000 at af85518), under each of RD_VARIANTS
+  for v in ${RD_VARIANTS:-base nogroup loop rdconst}; do
+    timeout ${RD_TIMEOUT:-40} python tools/diag_retrace_discrete.py $v 2>&1 | grep -v -i warn | tee -a "$R/rd_diag.log"
+  done
+fi
 if has tests; then
   # -v names every result as it comes: a run stopped by its time limit still says which tests failed
   # (each failure's traceback goes to pytest_failures.log as it happens: the limit may stop the run before pytest's
