@@ -156,6 +156,7 @@ _chunk_start = _scan._chunk_start
 _NEXT_COLUMN = _scan.next_column
 WARP_LOCAL_T = _scan.WARP_LOCAL_T
 _LAUNCH_CONFIG = _scan.launch_config
+_CONSTANT_LENGTH = _scan._constant_length
 
 
 @triton.jit
@@ -224,10 +225,10 @@ def _launch_config_warpst(layout, kernel_name=None, shifted=False):
 
 
 def _constant_length_scaled(layout, strides):
-    # scan._constant_length, with strides that are a multiple of the contiguous ones accepted as well
+    # scan._constant_length, with strides that are a multiple of the contiguous ones taken as the contiguous ones
     base = layout.contiguous_strides
-    return (layout.inner == 1 and layout.T % 16 != 0 and layout.T <= _scan.CONSTANT_MAX_T
-            and all(st[1] == 0 or (st[1] > 0 and tuple(st) == tuple(st[1] * c for c in base)) for st in strides))
+    scaled = [base if st[1] > 0 and tuple(st) == tuple(st[1] * c for c in base) else st for st in strides]
+    return _CONSTANT_LENGTH(layout, scaled)
 
 
 def _launch_config_row128(layout, kernel_name=None, shifted=False):
