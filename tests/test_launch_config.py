@@ -217,10 +217,14 @@ def test_assigning_a_launch_constant_moves_the_config_epoch(monkeypatch):
 @pytest.mark.parametrize("shape,layout,expected", [
     ((64, 24, 1), "contig", True), ((64, 7, 1), "contig", True), ((64, 128, 1), "contig", False),
     ((64, 32, 1), "contig", False), ((64, 200, 1), "contig", True), ((2, 5000, 1), "contig", False), ((64, 24, 3), "contig", False),
-    ((64, 24, 1), "sliced", False), ((64, 24, 1), "time-major", False), ((1, 24, 1), "contig", True)])
+    ((64, 24, 1), "sliced", False), ((64, 24, 1), "time-major", False), ((1, 24, 1), "contig", True),
+    ((64, 24, 1), "per-action", True), ((64, 1000, 1), "per-action", True), ((64, 1024, 1), "per-action", False),
+    ((64, 24, 1), "every-other", True), ((64, 24, 1), "offset-rows", False)])
 def test_constant_length(shape, layout, expected):
-    """T (and the strides) become compile-time constants only for contiguous rows of adjacent steps whose length
-    Triton's specialization cannot describe (no multiple of 16), up to ``CONSTANT_MAX_T`` steps."""
+    """T (and the strides) become compile-time constants only for rows whose length Triton's specialization cannot
+    describe (no multiple of 16), up to ``CONSTANT_MAX_T`` steps, whose strides are the contiguous ones or those
+    times a whole k: one action's entries of ``[B, T, A]`` (k = A), every other step (k = 2); not rows that start
+    at other offsets."""
     from rl_triton_torchrl.kernels._utils import rows_strides
 
     x = torch.empty(shape)
@@ -228,6 +232,12 @@ def test_constant_length(shape, layout, expected):
         x = torch.empty(shape[0], shape[1] + 1, shape[2])[:, 1:]
     elif layout == "time-major":
         x = torch.empty(shape[1], shape[0], shape[2]).transpose(0, 1)
+    elif layout == "per-action":  # strides (3 T, 3, -)
+        x = torch.empty(shape[0], shape[1], 3)[..., 1:2]
+    elif layout == "every-other":  # strides (2 T, 2, -)
+        x = torch.empty(shape[0], 2 * shape[1], 1)[:, ::2]
+    elif layout == "offset-rows":  # strides (3 T + 1, 3, -)
+        x = torch.empty(shape[0], 3 * shape[1] + 1)[:, : 3 * shape[1]:3, None]
     lay = _layout(shape)
     assert scan._constant_length(lay, [rows_strides(x, lay)[1]]) is expected
 

@@ -935,9 +935,15 @@ def _constant_length(layout: Layout, strides: list) -> bool:
     the compiler sees both. An input broadcast along time (time stride 0, such as GAE's last value in its shifted
     mode, read once per row) does not stand in the way: its strides are constants of the launch as well (sm_90 SASS
     of GAE's shifted mode, its in-tile V' included: 65536 x 24 544 -> 272 instructions, 512 x 1000 768 -> 344,
-    4096 x 1000 640 -> 384, against the two-tensor mode's 264, 336 and 352)."""
+    4096 x 1000 640 -> 384, against the two-tensor mode's 264, 336 and 352). Nor does an input whose strides are
+    the contiguous ones times a whole k (every k-th element: ``retrace_discrete``'s per-action views of ``[B, T, A]``,
+    k = A). With T at run time the compiler converted such a launch's outputs to another layout before the stores
+    (sm_90 SASS of ``retrace_discrete`` at 3 x 1000: 2-3 conversions through shared memory; none at 1008, none with
+    T a constant), and at 3 x 1000 the H200 read wrong values there (af85518). (With ``inner`` 1 and T > 1 the
+    contiguous time stride is 1, so k is the input's time stride.)"""
+    base = layout.contiguous_strides
     return (layout.inner == 1 and layout.T % 16 != 0 and layout.T <= CONSTANT_MAX_T
-            and all(st == layout.contiguous_strides or st[1] == 0 for st in strides))
+            and all(st[1] == 0 or tuple(st) == tuple(st[1] * c for c in base) for st in strides))
 
 
 def _one_chunk(layout: Layout, cfg: dict) -> bool:
