@@ -444,13 +444,13 @@ def test_failure_log_keeps_each_failure_as_it_happens(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times replayed launches through the CUDA driver")
 def test_host_floor_smoke(tmp_path):
-    """benchmarks/host_floor.py: every piece of a replayed call timed (the C extension's among them), every algorithm
-    replayed in C, in Python and not at all."""
+    """benchmarks/host_floor.py: every piece of a replayed call timed (the C++ extension's among them), every
+    algorithm replayed in C++, in Python and not at all."""
     _run(["host_floor.py", "--calls", "50", "--out", str(tmp_path)], tmp_path)
     rows = json.loads((tmp_path / "host_floor.json").read_text())["rows"]
     assert {r["part"] for r in rows} == {"piece", "algorithm"}
     assert all(r["us"] > 0 for r in rows if r["part"] == "piece")
-    assert any(r["what"] == "gae, replayed in C (the whole call)" for r in rows), "no call made in C"
+    assert any(r["what"] == "gae, replayed in C++ (the whole call)" for r in rows), "no call made in C++"
     assert all(r["c_us"] > 0 and r["replay_us"] > 0 and r["plain_us"] > 0 for r in rows if r["part"] == "algorithm")
 
 
