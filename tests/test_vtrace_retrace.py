@@ -645,6 +645,37 @@ def test_retrace_discrete_one_chunk_rows(shape, n_actions, algo):
         assert_close(f"{algo}[{i}]", o, e, torch.float32)
 
 
+GROUP_LENGTH_CASES = [(T, layout) for T in (1000, 1024) for layout in ("contig", "time_sliced")]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("algo", ["retrace_discrete", "retrace_discrete_shifted"])
+@pytest.mark.parametrize("T,layout", GROUP_LENGTH_CASES, ids=[f"T{t}-{lay}" for t, lay in GROUP_LENGTH_CASES])
+def test_retrace_discrete_groups_need_a_constant_length(algo, T, layout, monkeypatch):
+    """Rows of a length that is no multiple of 16 are read in groups only where the launch is compiled for that
+    length: contiguous per-action tensors, not ones sliced along time out of longer rows (their T stays a run-time
+    argument, with which the groups read wrong values on the GPU at 3 x 1000). Against the float64 reference."""
+    x = make_rollout((3, T), -1, "random", n_actions=4, seed=T)
+    if layout == "time_sliced":  # the same values, each row 4 steps shorter than its storage (rows 16-byte aligned)
+        for k in ("pi", "q_values", "next_pi", "next_q_values"):
+            x[k] = torch.cat([x[k], x[k][:, :4]], 1)[:, :T]
+    module = sys.modules[retrace_discrete.__module__]
+    launched, original = {}, module.launch
+
+    def spy(kernel, layout_, **kwargs):
+        launched["A_GROUP"] = kwargs["A_GROUP"]
+        return original(kernel, layout_, **kwargs)
+
+    monkeypatch.setattr(module, "launch", spy)
+    call, ref, _ = ALGOS[algo]
+    kw = {"gamma": GAMMA, **_coefs("retrace"), "time_dim": -1}
+    out = call(x, backend="triton", **kw)
+    expected, _ = ref(x, **kw)
+    for i, (o, e) in enumerate(zip(out, expected)):
+        assert_close(f"{algo}[{i}]", o, e, torch.float32)
+    assert launched["A_GROUP"] == (0 if T % 16 and layout == "time_sliced" else 4)
+
+
 def test_bad_inputs_retrace_discrete():
     x = _cpu_rollout((2, 5))
     pi, action, q, npi, nq, r, d = (x[k] for k in ("pi", "action", "q_values", "next_pi", "next_q_values", "reward",

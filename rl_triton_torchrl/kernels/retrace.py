@@ -46,7 +46,7 @@ from ._utils import (
     check_values, checks_values, resolve_backend, views_without_copy,
 )
 from .scan import (
-    chunk, edge_column, empty_state, from_rows_time, launch, load_coef, load_gather, load_index, load_not_flags,
+    chunk, compiled_for_length, edge_column, empty_state, from_rows_time, launch, load_coef, load_gather, load_index, load_not_flags,
     load_tile, new_outputs, next_value_input, not_flag, row_prologue, rows_state, rows_time, rows_time_unless,
     scan_rows, scan_tile, state_out, store_state, store_tile, zero_where,
 )
@@ -255,9 +255,9 @@ def _retrace_discrete_fwd_kernel(
     the taken action and the expectation over the next step's actions happen here, in ACC. ``SHIFTED``: the next
     step's ``pi`` and ``q`` are those one step on, and ``npi`` and ``nq`` hold the last ones ``[*B, A]`` (time stride
     0), read once per row. ``A_GROUP``: the number of actions where every per-action tensor stepping along time
-    holds each step's actions contiguously (time stride A_GROUP, action stride 1, A_GROUP a power of two), else 0:
-    then the chunks of ``BLOCK_T`` steps (a multiple of A_GROUP; no ``WINDOW``; row tiles, not ``LOOKBACK`` chunks)
-    read them in groups (``_action_groups``). Look-back chunks keep the load per action: the groups were slower there
+    holds each step's actions contiguously (time stride A_GROUP, action stride 1, A_GROUP a power of two; T a
+    multiple of 16 or a constant: ``_action_group``), else 0: then the chunks of ``BLOCK_T`` steps (a multiple of
+    A_GROUP; no ``WINDOW``; row tiles, not ``LOOKBACK`` chunks) read them in groups (``_action_groups``). Look-back chunks keep the load per action: the groups were slower there
     on an H200 (512 x 4096, 50-call graph: 87.8 -> 114 µs with truncations, 78.5 -> 88.8 without;
     benchmarks/results/h200/bench_peers_rd_nogroup_af85518.md against bench_peers_af85518.md), faster in the 22 other
     release cells. The load per action keeps its chunk loop (``ONE_CHUNK`` ignored unless
@@ -607,15 +607,16 @@ def retrace_discrete(
                   (("q", q_values), ("pi", pi), ("nq", next_value_input(next_q_values, last_q_values, layout)),
                    ("npi", next_value_input(next_pi, last_pi, layout)))}
     q_ret, adv = new_outputs(steps, 2)
+    inputs = {"r": reward, **{name: view for name, (view, _) in per_action.items()}, "act": action, "mu": mu,
+              "d": done, "term": done if terminated is None else terminated}
     ht = launch(
-        _retrace_discrete_fwd_kernel, steps,
-        inputs={"r": reward, **{name: view for name, (view, _) in per_action.items()}, "act": action, "mu": mu,
-                "d": done, "term": done if terminated is None else terminated},
+        _retrace_discrete_fwd_kernel, steps, inputs=inputs,
         coefs={"gamma": check_coef("gamma", gamma, steps), "lmbda": check_coef("lmbda", lmbda, steps),
                "c_bar": check_coef("c_bar", c_bar, steps, high=None)},
         outputs={"qret": q_ret, "adv": adv},
         initial_state=initial_state, output_final_state=output_final_state, LOG_RATIO=behavior_log_prob is not None,
-        SHIFTED=shifted, A_GROUP=_action_group(per_action, steps, n_actions, shifted), n_actions=n_actions,
+        SHIFTED=shifted, A_GROUP=_action_group(per_action, steps, n_actions, shifted, inputs.values()),
+        n_actions=n_actions,
         **{f"s_{name}_a": stride for name, (_, stride) in per_action.items()},
     )
     return (q_ret, adv, ht) if output_final_state else (q_ret, adv)
@@ -639,12 +640,19 @@ def _action_entry(x: torch.Tensor, steps) -> tuple[torch.Tensor, int]:
 MAX_ACTION_GROUP = 8
 
 
-def _action_group(per_action: dict, steps, n_actions: int, shifted: bool) -> int:
+def _action_group(per_action: dict, steps, n_actions: int, shifted: bool, inputs) -> int:
     """``A_GROUP`` of ``_retrace_discrete_fwd_kernel``: ``n_actions`` where every per-action tensor stepping along
     time (``q`` and ``pi``, and ``nq`` and ``npi`` unless ``shifted``: then they hold the last step's) keeps each
     step's actions contiguous, one step after the other (time stride A, action stride 1: a ``[*B, T, A]`` tensor
-    contiguous in its last two dimensions), and A is a power of two up to ``MAX_ACTION_GROUP``; else 0."""
+    contiguous in its last two dimensions), and A is a power of two up to ``MAX_ACTION_GROUP``; else 0.
+
+    Rows whose length T is no multiple of 16 are read in groups only where the launch of ``inputs`` is compiled
+    for that length (``scan.compiled_for_length``: contiguous tensors, per-action views of contiguous ones). With T
+    at run time, groups in one-row tiles of one chunk read wrong values on an H100 and an H200 (3 x 520 to 64 x 1000,
+    4 actions; benchmarks/results/h100/rd_diag_56b3228_a10070b.md), and right ones with T a constant."""
     if n_actions > MAX_ACTION_GROUP or n_actions & (n_actions - 1):
+        return 0
+    if steps.T % 16 and not compiled_for_length(steps, inputs):
         return 0
     names = ("q", "pi") if shifted else ("q", "pi", "nq", "npi")
     for name in names:

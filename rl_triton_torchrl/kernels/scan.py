@@ -946,6 +946,12 @@ def _constant_length(layout: Layout, strides: list) -> bool:
             and all(st[1] == 0 or tuple(st) == tuple(st[1] * c for c in base) for st in strides))
 
 
+def compiled_for_length(layout: Layout, inputs) -> bool:
+    """Whether ``launch`` compiles a launch of the tensors ``inputs`` over ``layout`` for its length
+    (``_constant_length`` of their ``rows_strides``)."""
+    return _constant_length(layout, [rows_strides(x, layout)[1] for x in inputs])
+
+
 def _one_chunk(layout: Layout, cfg: dict) -> bool:
     """Whether every row of a launch is one chunk (no look-back): its kernel is compiled without the chunk loop.
 
