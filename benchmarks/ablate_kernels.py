@@ -59,12 +59,6 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``onechunkpa``: ``retrace_discrete``'s load per action compiled without its chunk loop in rows of one chunk
   (``retrace.ONE_CHUNK_PER_ACTION``), as when it read wrong values on an H200 at 16d0127; with ``nogroup`` every
   action count takes that path.
-- ``rdconst``: rows compiled for their length (``scan._constant_length``) also where an input's strides are a
-  multiple of the contiguous ones: ``retrace_discrete``'s per-action views (time stride A). On main its launches with
-  a T that is no multiple of 16 pass T at run time, and convert their outputs' layout before the stores (2-3
-  conversions, sm_90: ``tools/sass_sm90.py --algorithms retrace_discrete --shapes 3x1000``); at 3 x 1000 it read
-  wrong values on an H200 at af85518, where 3 x 1024 (no conversion) read right. The A/B of that lead:
-  ``python tools/diag_retrace_discrete.py rdconst``.
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -156,7 +150,6 @@ _chunk_start = _scan._chunk_start
 _NEXT_COLUMN = _scan.next_column
 WARP_LOCAL_T = _scan.WARP_LOCAL_T
 _LAUNCH_CONFIG = _scan.launch_config
-_CONSTANT_LENGTH = _scan._constant_length
 
 
 @triton.jit
@@ -224,13 +217,6 @@ def _launch_config_warpst(layout, kernel_name=None, shifted=False):
     return cfg
 
 
-def _constant_length_scaled(layout, strides):
-    # scan._constant_length, with strides that are a multiple of the contiguous ones taken as the contiguous ones
-    base = layout.contiguous_strides
-    scaled = [base if st[1] > 0 and tuple(st) == tuple(st[1] * c for c in base) else st for st in strides]
-    return _CONSTANT_LENGTH(layout, scaled)
-
-
 def _launch_config_row128(layout, kernel_name=None, shifted=False):
     # at most 1024 rows of 9-128 steps: one row per program on one warp (main: 4 rows per program on 4 warps)
     cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
@@ -288,11 +274,10 @@ PATCHES = {
     "narrow": {"RELOAD_NARROW": tl.constexpr(True)},
     # retrace_discrete's per-action tensors read with a load per action and gathers, as before 2026-12-06, not in
     # groups of a step's actions (retrace._action_group)
-    "nogroup": {"_action_group": lambda per_action, steps, n_actions, shifted: 0},
+    "nogroup": {"_action_group": lambda *args: 0},
     # retrace_discrete's load per action without its chunk loop in rows of one chunk, as at f6ebe50-16d0127
     # (retrace.ONE_CHUNK_PER_ACTION; main keeps the loop there)
     "onechunkpa": {"ONE_CHUNK_PER_ACTION": tl.constexpr(True)},
-    "rdconst": {"_constant_length": _constant_length_scaled},
 }
 
 

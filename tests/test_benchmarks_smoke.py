@@ -219,15 +219,14 @@ def test_bench_peers_smoke(tmp_path):
 @pytest.mark.triton
 def test_bench_peers_variant(tmp_path):
     """``--variant`` runs our kernels under one of ablate_kernels.py's variants (here retrace_discrete's load per
-    action, one warp per 128 steps, and rows compiled for their length with its per-action views), checked against
-    float64 like main's, and says so in the JSON and report."""
+    action and one warp per 128 steps), checked against float64 like main's, and says so in the JSON and report."""
     run_bench_peers("--parts", "release", "--release-shapes", "3x9", "--algorithms", "retrace_discrete,vtrace",
-                    "--variant", "nogroup_warpst_rdconst", "--out", str(tmp_path), "--name", "ab")
+                    "--variant", "nogroup_warpst", "--out", str(tmp_path), "--name", "ab")
     data = json.loads((tmp_path / "ab.json").read_text())
-    assert data["environment"]["variant"] == "nogroup_warpst_rdconst"
+    assert data["environment"]["variant"] == "nogroup_warpst"
     ours = [r for r in data["rows"] if r["impl"] == "ours"]
     assert len(ours) == 4 and {r["status"] for r in ours} == {"ok"} and all(r["max_err"] < 1e-4 for r in ours)
-    assert "Variant: **nogroup_warpst_rdconst**" in (tmp_path / "ab.md").read_text()
+    assert "Variant: **nogroup_warpst**" in (tmp_path / "ab.md").read_text()
 
 
 def ours_algorithms():
