@@ -46,9 +46,9 @@ from ._utils import (
     check_values, checks_values, resolve_backend, views_without_copy,
 )
 from .scan import (
-    chunk, compiled_for_length, edge_column, empty_state, from_rows_time, launch, load_coef, load_gather, load_index, load_not_flags,
-    load_tile, new_outputs, next_value_input, not_flag, row_prologue, rows_state, rows_time, rows_time_unless,
-    scan_rows, scan_tile, state_out, store_state, store_tile, zero_where,
+    chunk, compiled_for_length, edge_column, empty_state, from_rows_time, launch, load_coef, load_gather, load_index,
+    load_not_flags, load_tile, new_outputs, next_value_input, not_flag, row_prologue, rows_state, rows_time,
+    rows_time_unless, scan_rows, scan_tile, state_out, store_state, store_tile, zero_where,
 )
 
 __all__ = ["retrace", "retrace_discrete"]
@@ -257,12 +257,12 @@ def _retrace_discrete_fwd_kernel(
     0), read once per row. ``A_GROUP``: the number of actions where every per-action tensor stepping along time
     holds each step's actions contiguously (time stride A_GROUP, action stride 1, A_GROUP a power of two; T a
     multiple of 16 or a constant: ``_action_group``), else 0: then the chunks of ``BLOCK_T`` steps (a multiple of
-    A_GROUP; no ``WINDOW``; row tiles, not ``LOOKBACK`` chunks) read them in groups (``_action_groups``). Look-back chunks keep the load per action: the groups were slower there
-    on an H200 (512 x 4096, 50-call graph: 87.8 -> 114 µs with truncations, 78.5 -> 88.8 without;
-    benchmarks/results/h200/bench_peers_rd_nogroup_af85518.md against bench_peers_af85518.md), faster in the 22 other
-    release cells. The load per action keeps its chunk loop (``ONE_CHUNK`` ignored unless
-    ``ONE_CHUNK_PER_ACTION``): compiled without it (f6ebe50), it read NaN or wrong values in 3 of 24 release cells on
-    an H200 (128 x 1024, 256 x 1024, 512 x 2048: one-row tiles of one chunk;
+    A_GROUP; no ``WINDOW``; row tiles, not ``LOOKBACK`` chunks) read them in groups (``_action_groups``). Look-back
+    chunks keep the load per action: the groups were slower there on an H200 (512 x 4096, 50-call graph: 87.8 -> 114
+    µs with truncations, 78.5 -> 88.8 without; benchmarks/results/h200/bench_peers_rd_nogroup_af85518.md against
+    bench_peers_af85518.md), faster in the 22 other release cells. The load per action keeps its chunk loop
+    (``ONE_CHUNK`` ignored unless ``ONE_CHUNK_PER_ACTION``): compiled without it (f6ebe50), it read NaN or wrong
+    values in 3 of 24 release cells on an H200 (128 x 1024, 256 x 1024, 512 x 2048: one-row tiles of one chunk;
     benchmarks/results/h200/bench_peers_16d0127.md), where its last GPU run with the loop (a911ce8, H100) was right
     in all 24; the cause is not isolated."""
     GROUPED: tl.constexpr = A_GROUP > 0 and BLOCK_T % max(A_GROUP, 1) == 0 and not WINDOW and not LOOKBACK
