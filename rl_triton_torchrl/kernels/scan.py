@@ -939,8 +939,10 @@ def _constant_length(layout: Layout, strides: list) -> bool:
     the contiguous ones times a whole k (every k-th element: ``retrace_discrete``'s per-action views of ``[B, T, A]``,
     k = A). With T at run time the compiler converted such a launch's outputs to another layout before the stores
     (sm_90 SASS of ``retrace_discrete`` at 3 x 1000: 2-3 conversions through shared memory; none at 1008, none with
-    T a constant), and at 3 x 1000 the H200 read wrong values there (af85518). (With ``inner`` 1 and T > 1 the
-    contiguous time stride is 1, so k is the input's time stride.)"""
+    T a constant), and its grouped reads were wrong in one-row tiles of one chunk (H100 and H200; with T a constant
+    right: benchmarks/results/h100/rd_diag_56b3228_a10070b.md; ``retrace._action_group`` keeps the other layouts of
+    such a T off the groups). (With ``inner`` 1 and T > 1 the contiguous time stride is 1, so k is the input's time
+    stride.)"""
     base = layout.contiguous_strides
     return (layout.inner == 1 and layout.T % 16 != 0 and layout.T <= CONSTANT_MAX_T
             and all(st[1] == 0 or tuple(st) == tuple(st[1] * c for c in base) for st in strides))
