@@ -591,6 +591,19 @@ def test_retrace_discrete_per_action_layouts(shape, time_dim, layout, log_form, 
             assert copied == (layout == "batch_permuted"), f"{name} copied: {copied}"
 
 
+def _spy_a_group(monkeypatch) -> dict:
+    """A dict that holds, after a ``retrace_discrete`` call, the ``A_GROUP`` its launch got."""
+    module = sys.modules[retrace_discrete.__module__]
+    launched, original = {}, module.launch
+
+    def spy(kernel, layout_, **kwargs):
+        launched["A_GROUP"] = kwargs["A_GROUP"]
+        return original(kernel, layout_, **kwargs)
+
+    monkeypatch.setattr(module, "launch", spy)
+    return launched
+
+
 ACTION_GROUP_CASES = [(a, T) for a in (1, 2, 3, 5, 8, 16) for T in (1, 3, 24, 63, 200)]
 
 
@@ -603,14 +616,7 @@ def test_retrace_discrete_action_groups(algo, n_actions, T, monkeypatch):
     against the float64 reference. The launch gets ``A_GROUP`` exactly where it applies."""
     x = make_rollout((3, T), -1, "random", n_actions=n_actions, seed=T + n_actions)
     module = sys.modules[retrace_discrete.__module__]
-    launched = {}
-    original = module.launch
-
-    def spy(kernel, layout_, **kwargs):
-        launched["A_GROUP"] = kwargs["A_GROUP"]
-        return original(kernel, layout_, **kwargs)
-
-    monkeypatch.setattr(module, "launch", spy)
+    launched = _spy_a_group(monkeypatch)
     call, ref, _ = ALGOS[algo]
     state = randn((3,), torch.Generator().manual_seed(7))
     kw = {"gamma": GAMMA, **_coefs("retrace"), "time_dim": -1}
@@ -659,14 +665,7 @@ def test_retrace_discrete_groups_need_a_constant_length(algo, T, layout, monkeyp
     if layout == "time_sliced":  # the same values, each row 4 steps shorter than its storage (rows 16-byte aligned)
         for k in ("pi", "q_values", "next_pi", "next_q_values"):
             x[k] = torch.cat([x[k], x[k][:, :4]], 1)[:, :T]
-    module = sys.modules[retrace_discrete.__module__]
-    launched, original = {}, module.launch
-
-    def spy(kernel, layout_, **kwargs):
-        launched["A_GROUP"] = kwargs["A_GROUP"]
-        return original(kernel, layout_, **kwargs)
-
-    monkeypatch.setattr(module, "launch", spy)
+    launched = _spy_a_group(monkeypatch)
     call, ref, _ = ALGOS[algo]
     kw = {"gamma": GAMMA, **_coefs("retrace"), "time_dim": -1}
     out = call(x, backend="triton", **kw)

@@ -652,11 +652,11 @@ def _action_group(per_action: dict, steps, n_actions: int, shifted: bool, inputs
     4 actions; benchmarks/results/h100/rd_diag_56b3228_a10070b.md), and right ones with T a constant."""
     if n_actions > MAX_ACTION_GROUP or n_actions & (n_actions - 1):
         return 0
-    if steps.T % 16 and not compiled_for_length(steps, inputs):
-        return 0
     names = ("q", "pi") if shifted else ("q", "pi", "nq", "npi")
     for name in names:
         view, stride_a = per_action[name]
         if stride_a != 1 or view.stride(steps.time_dim) != n_actions:
             return 0
+    if steps.T % 16 and not compiled_for_length(steps, inputs):  # last: it reads every input's strides
+        return 0
     return n_actions
