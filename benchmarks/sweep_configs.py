@@ -167,10 +167,10 @@ PRESETS = {
                       lambda T: [rows_cfg(2048, 1, 8), rows_cfg(1024, 1, 8), rows_cfg(2048, 1, 4),
                                  lookback_cfg(2048, 4), lookback_cfg(512, 4, segments=4),
                                  lookback_cfg(4096, 4, segments=32)]),
-    # one 4096-step tile per row against two 2048-step ones walked in turn, past scan.WIDE_LONG_MAX_ROWS' rows and at
+    # one 4096-step tile per row against two 2048-step ones walked in turn, over scan.WIDE_LONG_MAX_ROWS' rows and past them, and at
     # 4096 steps (peer_small at 512 x 4096: one 4096-step tile the fastest for every kernel swept), and against the
     # many-rows rule's pipelined 128-step tiles of 4 rows
-    "wide_long": ([(B, T) for B in (256, 512, 768, 1024) for T in (2049, 3072, 3584, 4095, 4096)],
+    "wide_long": ([(B, T) for B in (16, 128, 512, 1024) for T in (2049, 3072, 3584, 4095, 4096)],
                   lambda T: [rows_cfg(w, 1, n) for w, n in ((2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16))]
                   + [rows_cfg(128, 4, 4, 3)]),
     # one wide tile per row (the few-rows rule): tile width against warps over the rows it covers (peer_small: 4 warps
