@@ -170,7 +170,8 @@ PRESETS = {
     # one 4096-step tile per row against two 2048-step ones walked in turn, over scan.WIDE_LONG_MAX_ROWS' rows and past them, and at
     # 4096 steps (peer_small at 512 x 4096: one 4096-step tile the fastest for every kernel swept), and against the
     # many-rows rule's pipelined 128-step tiles of 4 rows
-    "wide_long": ([(B, T) for B in (16, 128, 512, 1024) for T in (2049, 3072, 3584, 4095, 4096)],
+    "wide_long": ([(16, 2049), (16, 4095), (128, 4096), (512, 3584), (512, 4095), (512, 4096), (1024, 3584),
+                   (1024, 4095), (1024, 4096)],
                   lambda T: [rows_cfg(w, 1, n) for w, n in ((2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16))]
                   + [rows_cfg(128, 4, 4, 3)]),
     # one wide tile per row (the few-rows rule): tile width against warps over the rows it covers (peer_small: 4 warps
