@@ -46,6 +46,9 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   empty; main: 2048 steps since af85518's A/B, 1024 before); with ``warpst`` (``warpst_vtshift``) 512 x 2048 takes
   one 2048-step tile on 16 warps, as main does now.
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
+- ``oldlong``: one-row tiles of 4096 steps only for at most ``scan.WIDE_LONG_MAX_ROWS`` rows of 2049-4095 steps, as
+  before 2026-12-07 (main: also from ``scan.WIDE_LONG_FULL_T`` steps in up to 1024 rows, for the kernels of
+  ``scan.WIDE_LONG_FULL``, and at exactly 4096 steps where the look-back does not take the rows).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
   unless the final state is stored: ``scan.scan_tile_enter``).
 - ``loop``: every launch compiled with its chunk loop, as before 2026-12-06 (main compiles launches whose rows are
@@ -217,6 +220,21 @@ def _launch_config_warpst(layout, kernel_name=None, shifted=False):
     return cfg
 
 
+def _launch_config_oldlong(layout, kernel_name=None, shifted=False):
+    # 4096-step one-row tiles only up to scan.WIDE_LONG_MAX_ROWS rows of fewer than 4096 steps, as before
+    # WIDE_LONG_FULL (main: also from WIDE_LONG_FULL_T steps in any number of rows, and at exactly 4096)
+    cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
+    if (cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and cfg["BLOCK_T"] == _scan.WIDE_LONG_T
+            and (layout.rows > _scan.WIDE_LONG_MAX_ROWS.get(kernel_name, 0) or layout.T >= _scan.LOOKBACK_MIN_T)):
+        few_warps = layout.rows <= _scan.WIDE_FEW_WARPS_ROWS
+        block_t = _scan.WIDE_MAX_T if few_warps else _scan.WIDE_4_WARPS_MAX_T.get(kernel_name, _scan.WIDE_MAX_T)
+        if shifted:
+            block_t = min(block_t, _scan.WIDE_SHIFTED_MAX_T.get(kernel_name, block_t))
+        warps = _scan.WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, _scan.WIDE_WARPS) if few_warps else 4
+        cfg.update(BLOCK_T=block_t, num_warps=warps)
+    return cfg
+
+
 def _launch_config_row128(layout, kernel_name=None, shifted=False):
     # at most 1024 rows of 9-128 steps: one row per program on one warp (main: 4 rows per program on 4 warps)
     cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
@@ -269,6 +287,7 @@ PATCHES = {
     # V-trace's shifted one-row tiles as wide as with next values (scan.WIDE_SHIFTED_MAX_T; main: 2048 steps)
     "vtshift": {"WIDE_SHIFTED_MAX_T": {}},
     "row128": {"launch_config": _launch_config_row128},
+    "oldlong": {"launch_config": _launch_config_oldlong},
     # V-trace's vs_(t+1) read back from the stored output in tiles of fewer than 128 steps too (vtrace.RELOAD_NARROW;
     # main gathers it one column on there, through shared memory)
     "narrow": {"RELOAD_NARROW": tl.constexpr(True)},

@@ -5,6 +5,7 @@ row per program in one wide tile; sequences of 5-8 steps run in small whole-sequ
 """
 from __future__ import annotations
 
+import dis
 import os
 
 import pytest
@@ -26,8 +27,11 @@ pytestmark = [pytest.mark.triton,
     ((200, 3000, 1), 4096, 8, 2048),
     # on 4 warps V-trace's tiles are at most 1024 steps (WIDE_4_WARPS_MAX_T)
     ((1000, 2048, 1), 2048, 4, 1024),
-    # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back
-    ((64, 4096, 1), 2048, 8, 2048), ((512, 8192, 1), 2048, 8, 2048)])
+    # from WIDE_LONG_FULL_T steps on GAE's tiles take 4096 steps in any number of rows (WIDE_LONG_FULL), V-trace's not
+    ((300, 3500, 1), 2048, 8, 2048), ((300, 3600, 1), 4096, 8, 2048), ((1000, 4000, 1), 4096, 4, 1024),
+    # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back; one tile of
+    # WIDE_LONG_T steps, two of 2048 beyond
+    ((64, 4096, 1), 4096, 8, 2048), ((512, 4096, 1), 4096, 8, 2048), ((512, 8192, 1), 2048, 8, 2048)])
 def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_t):
     cfg = scan.launch_config(_layout(shape), "_gae_fwd_kernel")
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"], cfg["LOOKBACK"]) == (1, block_t, warps, 0)
@@ -64,7 +68,7 @@ def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
     accumulation; the other kernels, more rows, float64 and shorter or longer rows as the rule without it."""
     max_rows = scan.WIDE_LONG_MAX_ROWS.get(kernel, 0)
     long_tile = max_rows > 0
-    for shape in [(1, 2049, 1), (max(max_rows, 1), 4095, 1)]:
+    for shape in [(1, 2049, 1), (max(max_rows, 1), 4095, 1), (max(max_rows, 1), scan.WIDE_LONG_FULL_T - 1, 1)]:
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
             wide = scan.WIDE_MAX_T
             expected = scan.WIDE_LONG_T if long_tile and dtype != torch.float64 else wide
@@ -76,6 +80,23 @@ def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
     assert scan.launch_config(_layout((16, 4096, 1)), kernel)["LOOKBACK"] == scan.LOOKBACK_WINDOW
 
 
+@pytest.mark.parametrize("kernel", sorted(scan.KERNELS))
+def test_rows_that_nearly_fill_a_4096_step_tile_take_it_in_any_number_of_rows(kernel):
+    """From WIDE_LONG_FULL_T steps to WIDE_LONG_T, the kernels in WIDE_LONG_FULL take one WIDE_LONG_T-step tile per
+    row in up to WIDE_MAX_ROWS rows (float32 accumulation); the others keep their rows' bound, and a step fewer
+    keeps the rule below."""
+    rows = scan.WIDE_LONG_MAX_ROWS.get(kernel, 0) + 1
+    full = kernel in scan.WIDE_LONG_FULL
+    for T in (scan.WIDE_LONG_FULL_T, 4095):
+        cfg = scan.launch_config(_layout((rows, T, 1)), kernel)
+        assert (cfg["BLOCK_T"] == scan.WIDE_LONG_T) == full, (T, cfg)
+        assert scan.launch_config(_layout((scan.WIDE_MAX_ROWS, T, 1)), kernel)["BLOCK_T"] == (
+            scan.WIDE_LONG_T if full else min(scan.WIDE_MAX_T, scan.WIDE_4_WARPS_MAX_T.get(kernel, scan.WIDE_MAX_T)))
+        assert scan.launch_config(_layout((rows, T, 1), torch.float64), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
+    assert scan.launch_config(_layout((rows, scan.WIDE_LONG_FULL_T - 1, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
+    assert scan.launch_config(_layout((scan.WIDE_MAX_ROWS + 1, 4095, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
+
+
 @pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
                                          ("discounted", "_td_lambda_fwd_kernel"), ("traces", "_prefix_sum_fwd_kernel"),
                                          ("sum_after_done", "_prefix_sum_fwd_kernel"), ("vtrace", "_vtrace_fwd_kernel")])
@@ -83,6 +104,19 @@ def test_one_tile_of_4096_steps_matches_reference(algo, kernel):
     """One 4096-step tile over 3 rows of 2500 steps (the rows' tail masked), with carried states."""
     assert scan.launch_config(_layout((3, 2500, 1)), kernel)["BLOCK_T"] == scan.WIDE_LONG_T
     _compare(algo, (3, 2500, 1), "random", seed=5, with_state=True)
+
+
+@pytest.mark.parametrize("T", [3700, 4096])
+@pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
+                                         ("traces", "_prefix_sum_fwd_kernel")])
+def test_nearly_full_4096_step_tiles_match_reference(algo, kernel, T, monkeypatch):
+    """The 4096-step tiles past WIDE_LONG_MAX_ROWS' rows (3 rows stand in for them) and, where the look-back does
+    not take them, of exactly 4096 steps (3 rows stand in for LOOKBACK_MANY_ROWS), with carried states."""
+    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", {})
+    monkeypatch.setattr(scan, "LOOKBACK_MANY_ROWS", 2)
+    cfg = scan.launch_config(_layout((3, T, 1)), kernel)
+    assert (cfg["BLOCK_T"], cfg["LOOKBACK"]) == (scan.WIDE_LONG_T, 0)
+    _compare(algo, (3, T, 1), "random", seed=T, with_state=True)
 
 
 @pytest.mark.parametrize("shape", [(64, 4096, 1), (512, 8192, 1), (512, 20000, 1)])
@@ -212,6 +246,14 @@ def test_assigning_a_launch_constant_moves_the_config_epoch(monkeypatch):
     finally:
         torch.use_deterministic_algorithms(False)
     assert all(hasattr(scan, name) for name in scan._CONFIG_NAMES)
+
+
+def test_every_constant_launch_config_reads_is_a_launch_constant():
+    """The module constants ``launch_config`` reads are all in ``_CONFIG_NAMES`` (else assigning one would leave
+    plans recorded under its old value to be replayed)."""
+    read = {i.argval for i in dis.get_instructions(scan.launch_config)
+            if i.opname == "LOAD_GLOBAL" and i.argval.isupper()}
+    assert read - scan._CONFIG_NAMES == set()
 
 
 @pytest.mark.parametrize("shape,layout,expected", [
