@@ -47,8 +47,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   one 2048-step tile on 16 warps, as main does now.
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
 - ``oldlong``: one-row tiles of 4096 steps only for at most ``scan.WIDE_LONG_MAX_ROWS`` rows of 2049-4095 steps, as
-  before 2026-12-07 (main: also from ``scan.WIDE_LONG_FULL_T`` steps in up to 1024 rows, for the kernels of
-  ``scan.WIDE_LONG_FULL``, and at exactly 4096 steps where the look-back does not take the rows).
+  before 2026-12-07 (main: also from ``scan.WIDE_LONG_FULL_T`` steps in up to ``scan.WIDE_LONG_FULL_MAX_ROWS``
+  rows, and at exactly 4096 steps where the look-back does not take the rows).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
   unless the final state is stored: ``scan.scan_tile_enter``).
 - ``loop``: every launch compiled with its chunk loop, as before 2026-12-06 (main compiles launches whose rows are
@@ -222,7 +222,7 @@ def _launch_config_warpst(layout, kernel_name=None, shifted=False):
 
 def _launch_config_oldlong(layout, kernel_name=None, shifted=False):
     # 4096-step one-row tiles only up to scan.WIDE_LONG_MAX_ROWS rows of fewer than 4096 steps, as before
-    # WIDE_LONG_FULL (main: also from WIDE_LONG_FULL_T steps in any number of rows, and at exactly 4096)
+    # WIDE_LONG_FULL_MAX_ROWS (main: also from WIDE_LONG_FULL_T steps in more rows, and at exactly 4096)
     cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
     if (cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and cfg["BLOCK_T"] == _scan.WIDE_LONG_T
             and (layout.rows > _scan.WIDE_LONG_MAX_ROWS.get(kernel_name, 0) or layout.T >= _scan.LOOKBACK_MIN_T)):

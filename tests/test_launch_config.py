@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.triton,
     ((200, 3000, 1), 4096, 8, 2048),
     # on 4 warps V-trace's tiles are at most 1024 steps (WIDE_4_WARPS_MAX_T)
     ((1000, 2048, 1), 2048, 4, 1024),
-    # from WIDE_LONG_FULL_T steps on GAE's tiles take 4096 steps in any number of rows (WIDE_LONG_FULL), V-trace's not
+    # from WIDE_LONG_FULL_T steps on GAE's tiles take 4096 steps in up to 1024 rows (WIDE_LONG_FULL_MAX_ROWS), V-trace's
+    # not
     ((300, 3500, 1), 2048, 8, 2048), ((300, 3600, 1), 4096, 8, 2048), ((1000, 4000, 1), 4096, 4, 1024),
     # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back; one tile of
     # WIDE_LONG_T steps, two of 2048 beyond
@@ -81,19 +82,22 @@ def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
 
 
 @pytest.mark.parametrize("kernel", sorted(scan.KERNELS))
-def test_rows_that_nearly_fill_a_4096_step_tile_take_it_in_any_number_of_rows(kernel):
-    """From WIDE_LONG_FULL_T steps to WIDE_LONG_T, the kernels in WIDE_LONG_FULL take one WIDE_LONG_T-step tile per
-    row in up to WIDE_MAX_ROWS rows (float32 accumulation); the others keep their rows' bound, and a step fewer
-    keeps the rule below."""
-    rows = scan.WIDE_LONG_MAX_ROWS.get(kernel, 0) + 1
-    full = kernel in scan.WIDE_LONG_FULL
+def test_rows_that_nearly_fill_a_4096_step_tile_take_it_in_more_rows(kernel):
+    """From WIDE_LONG_FULL_T steps to WIDE_LONG_T, one WIDE_LONG_T-step tile per row in up to
+    WIDE_LONG_FULL_MAX_ROWS[kernel] rows (float32 accumulation), more than WIDE_LONG_MAX_ROWS[kernel]; a step fewer,
+    more rows and float64 keep the rule below."""
+    rows = scan.WIDE_LONG_MAX_ROWS.get(kernel, 0)
+    full_rows = scan.WIDE_LONG_FULL_MAX_ROWS.get(kernel, 0)
+    below = min(scan.WIDE_MAX_T, scan.WIDE_4_WARPS_MAX_T.get(kernel, scan.WIDE_MAX_T))
     for T in (scan.WIDE_LONG_FULL_T, 4095):
-        cfg = scan.launch_config(_layout((rows, T, 1)), kernel)
-        assert (cfg["BLOCK_T"] == scan.WIDE_LONG_T) == full, (T, cfg)
-        assert scan.launch_config(_layout((scan.WIDE_MAX_ROWS, T, 1)), kernel)["BLOCK_T"] == (
-            scan.WIDE_LONG_T if full else min(scan.WIDE_MAX_T, scan.WIDE_4_WARPS_MAX_T.get(kernel, scan.WIDE_MAX_T)))
-        assert scan.launch_config(_layout((rows, T, 1), torch.float64), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
-    assert scan.launch_config(_layout((rows, scan.WIDE_LONG_FULL_T - 1, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
+        for r in {max(rows, 1), rows + 1, full_rows, full_rows + 1} - {0}:
+            expected = scan.WIDE_LONG_T if r <= max(rows, full_rows) else None
+            block_t = scan.launch_config(_layout((r, T, 1)), kernel)["BLOCK_T"]
+            assert block_t == expected if expected else block_t <= scan.WIDE_MAX_T, (r, T, block_t)
+            assert scan.launch_config(_layout((r, T, 1), torch.float64), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
+    if full_rows > rows:
+        assert scan.launch_config(_layout((full_rows, scan.WIDE_LONG_FULL_T - 1, 1)), kernel)["BLOCK_T"] == (
+            below if full_rows > scan.WIDE_FEW_WARPS_ROWS else scan.WIDE_MAX_T)
     assert scan.launch_config(_layout((scan.WIDE_MAX_ROWS + 1, 4095, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
 
 

@@ -174,19 +174,22 @@ WIDE_TILE_WARPS = {"_prefix_sum_fwd_kernel": {512: 4}, "_gae_fwd_kernel": {512: 
 # (ablate_vtlong_db104d6.md, do_bench µs): faster at 16-100 rows (16 x 4095 15.6 -> 12.2, 100 x 4095 18.5 -> 14.8,
 # 64 x 3072 14.1 -> 13.2), slower at 256 (256 x 3072 19.8 -> 23.9; its tiles take 156-184 registers), so up to 128
 # rows. retrace_discrete's 2048-step tiles take 196 registers already.
-# Rows of WIDE_LONG_FULL_T steps or more (up to WIDE_LONG_T: the tile at least 7/8 full) take it in any number of rows
-# up to WIDE_MAX_ROWS, for the kernels in WIDE_LONG_FULL; and so do rows of exactly WIDE_LONG_T steps where the
-# look-back does not take them (from LOOKBACK_MANY_ROWS rows on). H100, one tile against two walked in turn: 512 x 4096
-# by the 50-call graph (sweep_peer_small_a10070b.md, sweep_peer_small_b_7d18fce.md) GAE 18.8 -> 16.7 µs, its shifted
-# mode 18.7 -> 17.1, the discounted return 10.5 -> 10.0, TD(lambda) 11.9 -> 11.4, traces 6.55 -> 6.44; 512 and 1000 x
-# 4095 (ablate_wide4096_38feaf5.md, do_bench) GAE 36.7 -> 32.5 and 58.1 -> 54.4, the discounted return 21.8 -> 21.1
-# and 41.3 -> 32.0, TD(lambda) 27.8 -> 25.4 and 43.9 -> 39.7, traces 18.6 -> 19.5 and 35.0 -> 27.0; at 3072 steps
-# every kernel slower in those rows (GAE 512 x 3072 22.3 -> 24.3, 1000 x 3072 37.8 -> 44.5). V-trace keeps its rows'
-# bound (its 4096-step tiles take 156-184 registers).
+# Rows of WIDE_LONG_FULL_T steps or more (up to WIDE_LONG_T: the tile at least 7/8 full) take it in up to
+# WIDE_LONG_FULL_MAX_ROWS[kernel] rows; and so do rows of exactly WIDE_LONG_T steps where the look-back does not take
+# them (from LOOKBACK_MANY_ROWS rows on). H100 (benchmarks/results/h100/ablate_oldlong_d21f78b.md, do_bench µs, one
+# tile against two walked in turn): 128 x 4096 GAE 13.7 -> 10.9, 512 x 3600 24.8 -> 22.2, 512 x 4096 25.7 -> 23.2,
+# 1024 x 3600 44.8 -> 40.0, 1024 x 4096 47.4 -> 42.1; TD(lambda) 1024 x 3600 37.1 -> 32.2, the discounted return
+# 1024 x 4095 43.7 -> 32.1; every GAE, TD(lambda) and discounted-return cell faster or level. The prefix-sum kernel
+# (traces, prefix sums) faster up to 512 rows (128 x 4096 11.0 -> 8.2, 512 x 3600 14.1 -> 13.4) and slower in 1024
+# rows on their 4 warps (1024 x 3600 22.3 -> 25.2, x 4096 23.7 -> 26.3). By the 50-call graph against rl-triton
+# (bench_peers_long_{base,oldlong}_d21f78b.md): GAE 512 x 4096 without truncations 17.8 -> 17.0 µs (rl-triton's
+# 13.5), with them 20.5 -> 17.2. At 3072 steps every kernel slower in 512-1000 rows (ablate_wide4096_38feaf5.md:
+# GAE 512 x 3072 22.3 -> 24.3, 1000 x 3072 37.8 -> 44.5). V-trace keeps its rows' bound (its 4096-step tiles take
+# 156-184 registers).
 WIDE_LONG_T, WIDE_LONG_FULL_T = 4096, 3585
 WIDE_LONG_MAX_ROWS = {"_gae_fwd_kernel": 256, "_td_lambda_fwd_kernel": 256, "_prefix_sum_fwd_kernel": 256,
                       "_vtrace_fwd_kernel": 128}
-WIDE_LONG_FULL = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel"})
+WIDE_LONG_FULL_MAX_ROWS = {"_gae_fwd_kernel": 1024, "_td_lambda_fwd_kernel": 1024, "_prefix_sum_fwd_kernel": 512}
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
 # few steps wide over many rows read whole lines. Sequences of at most TIME_MAJOR_MAX_T steps whose time dimension
 # strides over at least TIME_MAJOR_MIN_ROWS rows (``layout.inner``), for the kernels in TIME_MAJOR_KERNELS: tiles of
@@ -798,7 +801,7 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
     sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
     ``TIME_MAJOR_BLOCK_T`` tiles on one warp; sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
     one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps, ``WIDE_LONG_T`` for at most
-    ``WIDE_LONG_MAX_ROWS[kernel_name]`` rows or, for the kernels in ``WIDE_LONG_FULL``, from ``WIDE_LONG_FULL_T``
+    ``WIDE_LONG_MAX_ROWS[kernel_name]`` rows, ``WIDE_LONG_FULL_MAX_ROWS[kernel_name]`` from ``WIDE_LONG_FULL_T``
     steps on); or, for long float32 sequences in
     too few rows to fill the GPU that way (from ``LOOKBACK_MANY_ROWS`` rows on, only from ``LOOKBACK_MANY_ROWS_MIN_T``
     steps, but for the kernels in ``LOOKBACK_MANY_ROWS_SEGMENTS``), one program per chunk of ``LOOKBACK_BLOCK_T``
@@ -831,9 +834,9 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
         few_warps = layout.rows <= WIDE_FEW_WARPS_ROWS
         max_t = WIDE_MAX_T if few_warps else WIDE_4_WARPS_MAX_T.get(kernel_name, WIDE_MAX_T)
-        if (WIDE_MAX_T < layout.T <= WIDE_LONG_T and layout.acc_dtype == torch.float32
-                and (layout.rows <= WIDE_LONG_MAX_ROWS.get(kernel_name, 0)
-                     or (layout.T >= WIDE_LONG_FULL_T and kernel_name in WIDE_LONG_FULL))):
+        long_rows = max(WIDE_LONG_MAX_ROWS.get(kernel_name, 0),
+                        WIDE_LONG_FULL_MAX_ROWS.get(kernel_name, 0) if layout.T >= WIDE_LONG_FULL_T else 0)
+        if WIDE_MAX_T < layout.T <= WIDE_LONG_T and layout.rows <= long_rows and layout.acc_dtype == torch.float32:
             max_t = WIDE_LONG_T
         if shifted:
             max_t = min(max_t, WIDE_SHIFTED_MAX_T.get(kernel_name, max_t))
@@ -1167,7 +1170,7 @@ _CONFIG_NAMES = frozenset({
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
     "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_4_WARPS_MAX_T", "WIDE_SHIFTED_MAX_T",
-    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_FULL_T", "WIDE_LONG_MAX_ROWS", "WIDE_LONG_FULL", "WARP_LOCAL_T",
+    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_FULL_T", "WIDE_LONG_MAX_ROWS", "WIDE_LONG_FULL_MAX_ROWS", "WARP_LOCAL_T",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
     "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS", "WINDOW_KERNELS", "WINDOW_MIN_CHUNKS",
 })
