@@ -167,9 +167,9 @@ PRESETS = {
                       lambda T: [rows_cfg(2048, 1, 8), rows_cfg(1024, 1, 8), rows_cfg(2048, 1, 4),
                                  lookback_cfg(2048, 4), lookback_cfg(512, 4, segments=4),
                                  lookback_cfg(4096, 4, segments=32)]),
-    # one 4096-step tile per row against two 2048-step ones walked in turn, over scan.WIDE_LONG_MAX_ROWS' rows and past them, and at
-    # 4096 steps (peer_small at 512 x 4096: one 4096-step tile the fastest for every kernel swept), and against the
-    # many-rows rule's pipelined 128-step tiles of 4 rows
+    # one 4096-step tile per row on 8 or 16 warps against two 2048-step ones walked in turn, in few rows and in more,
+    # at 2049-4096 steps (peer_small at 512 x 4096: one 4096-step tile the fastest for every kernel swept, GAE's
+    # shifted mode on 16 warps), and against the many-rows rule's pipelined 128-step tiles of 4 rows
     "wide_long": ([(16, 2049), (16, 4095), (128, 4096), (512, 3584), (512, 4095), (512, 4096), (1024, 3584),
                    (1024, 4095), (1024, 4096)],
                   lambda T: [rows_cfg(w, 1, n) for w, n in ((2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16))]
