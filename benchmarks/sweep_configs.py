@@ -169,11 +169,14 @@ PRESETS = {
                                  lookback_cfg(4096, 4, segments=32)]),
     # one 4096-step tile per row on 8 or 16 warps against two 2048-step ones walked in turn, in few rows and in more,
     # at 2049-4096 steps (peer_small at 512 x 4096: one 4096-step tile the fastest for every kernel swept, GAE's
-    # shifted mode on 16 warps), and against the many-rows rule's pipelined 128-step tiles of 4 rows
+    # shifted mode on 16 warps), and against the many-rows rule's pipelined 128-step tiles of 4 rows; at 4094 and 4095
+    # steps also one 8192-step tile, the only one-chunk tile whose aligned window holds the row (a 4096-step tile
+    # walks such a row with one-element loads: 512 x 4095 1.44x 4096's time per element in ablate_oldlong_d21f78b.md)
     "wide_long": ([(16, 2049), (16, 4095), (128, 4096), (512, 3584), (512, 4095), (512, 4096), (1024, 3584),
                    (1024, 4095), (1024, 4096)],
                   lambda T: [rows_cfg(w, 1, n) for w, n in ((2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16))]
-                  + [rows_cfg(128, 4, 4, 3)]),
+                  + [rows_cfg(128, 4, 4, 3)]
+                  + [rows_cfg(8192, 1, n) for n in (8, 16) if T % 4 and T + 3 > 4096]),
     # one wide tile per row (the few-rows rule): tile width against warps over the rows it covers (peer_small: 4 warps
     # faster than 8 for 512-step tiles at 512 rows, 8 faster for 2048-step ones)
     "wide_warps": ([(B, T) for B in (256, 512, 768, 1024) for T in (512, 1024, 2048)],
