@@ -797,21 +797,26 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
     """Tile sizes, grid and mode of a launch of the kernel ``kernel_name`` over ``layout`` (``shifted``: in its
     shifted input mode, the kernel's ``SHIFTED``).
 
-    One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps (short
-    sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
-    ``TIME_MAJOR_BLOCK_T`` tiles on one warp; sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows; at most ``WIDE_MAX_ROWS`` rows of longer sequences
-    one row per program in tiles of up to ``WIDE_MAX_T`` steps, on more warps, ``WIDE_LONG_T`` for at most
-    ``WIDE_LONG_MAX_ROWS[kernel_name]`` rows, ``WIDE_LONG_FULL_MAX_ROWS[kernel_name]`` from ``WIDE_LONG_FULL_T``
-    steps on); or, for long float32 sequences in
-    too few rows to fill the GPU that way (from ``LOOKBACK_MANY_ROWS`` rows on, only from ``LOOKBACK_MANY_ROWS_MIN_T``
-    steps, but for the kernels in ``LOOKBACK_MANY_ROWS_SEGMENTS``), one program per chunk of ``LOOKBACK_BLOCK_T``
-    steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T`` steps, for the kernels in
-    ``LOOKBACK_SEGMENTED``; from ``LOOKBACK_MANY_ROWS`` rows on, ``LOOKBACK_MANY_ROWS_SEGMENTS``' number of them)
-    with a decoupled look-back between the chunks of a row (``LOOKBACK``: the look-back window). The look-back
-    composes a chunk's entering state from whichever predecessors have published, so its rounding may differ in the
-    last bits between calls: under ``torch.use_deterministic_algorithms(True)`` the per-row kernels run. ``WARP_LOCAL_T``-step row tiles with float32 accumulation pipeline the chunk loop of a kernel
-    in ``PIPELINE_KERNELS`` over ``PIPELINE_STAGES`` stages where a row has several chunks, and otherwise give a
-    kernel in ``REGISTER_CAPS`` its cap (``maxnreg``). Many rows of at least ``TILE256_MIN_T`` steps run in
+    One program per ``BLOCK_R`` rows walking whole sequences in tiles of up to ``MAX_BLOCK_T`` steps:
+    - short sequences stored time-major over at least ``TIME_MAJOR_MIN_ROWS`` rows in ``TIME_MAJOR_BLOCK_R`` x
+      ``TIME_MAJOR_BLOCK_T`` tiles on one warp;
+    - sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows;
+    - at most ``WIDE_MAX_ROWS`` rows of longer sequences one row per program, in tiles of up to ``WIDE_MAX_T`` steps
+      on more warps; of up to ``WIDE_LONG_T`` steps in at most ``WIDE_LONG_MAX_ROWS[kernel_name]`` rows, or
+      ``WIDE_LONG_FULL_MAX_ROWS[kernel_name]`` rows from ``WIDE_LONG_FULL_T`` steps on.
+
+    Or, for long float32 sequences in too few rows to fill the GPU that way (from ``LOOKBACK_MANY_ROWS`` rows on,
+    only from ``LOOKBACK_MANY_ROWS_MIN_T`` steps, but for the kernels in ``LOOKBACK_MANY_ROWS_SEGMENTS``), one
+    program per chunk of ``LOOKBACK_BLOCK_T`` steps (or of ``LOOKBACK_SEGMENTS`` segments of ``LOOKBACK_SEGMENT_T``
+    steps, for the kernels in ``LOOKBACK_SEGMENTED``; from ``LOOKBACK_MANY_ROWS`` rows on,
+    ``LOOKBACK_MANY_ROWS_SEGMENTS``' number of them) with a decoupled look-back between the chunks of a row
+    (``LOOKBACK``: the look-back window). The look-back composes a chunk's entering state from whichever
+    predecessors have published, so its rounding may differ in the last bits between calls: under
+    ``torch.use_deterministic_algorithms(True)`` the per-row kernels run.
+
+    ``WARP_LOCAL_T``-step row tiles with float32 accumulation pipeline the chunk loop of a kernel in
+    ``PIPELINE_KERNELS`` over ``PIPELINE_STAGES`` stages where a row has several chunks, and otherwise give a kernel
+    in ``REGISTER_CAPS`` its cap (``maxnreg``). Many rows of at least ``TILE256_MIN_T`` steps run in
     ``TILE256_T``-step row tiles, for the kernels ``TILE256_STAGES`` names for the inputs' element size.
     """
     many_rows = layout.rows >= LOOKBACK_MANY_ROWS
@@ -834,9 +839,10 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
         few_warps = layout.rows <= WIDE_FEW_WARPS_ROWS
         max_t = WIDE_MAX_T if few_warps else WIDE_4_WARPS_MAX_T.get(kernel_name, WIDE_MAX_T)
-        long_rows = max(WIDE_LONG_MAX_ROWS.get(kernel_name, 0),
-                        WIDE_LONG_FULL_MAX_ROWS.get(kernel_name, 0) if layout.T >= WIDE_LONG_FULL_T else 0)
-        if WIDE_MAX_T < layout.T <= WIDE_LONG_T and layout.rows <= long_rows and layout.acc_dtype == torch.float32:
+        if (WIDE_MAX_T < layout.T <= WIDE_LONG_T and layout.acc_dtype == torch.float32
+                and layout.rows <= max(WIDE_LONG_MAX_ROWS.get(kernel_name, 0),
+                                       WIDE_LONG_FULL_MAX_ROWS.get(kernel_name, 0) if layout.T >= WIDE_LONG_FULL_T
+                                       else 0)):
             max_t = WIDE_LONG_T
         if shifted:
             max_t = min(max_t, WIDE_SHIFTED_MAX_T.get(kernel_name, max_t))
@@ -1207,9 +1213,9 @@ def _plan_key(settings: tuple, kernel, layout: Layout, inputs: dict, outputs: di
     pointers are not 16-byte aligned (their low four bits), the flags and constexprs, and ``launch_config``'s
     constants (``_config_key``). The inputs' shapes and devices are ``layout``'s, and the outputs are contiguous
     tensors of its shape, dtype and device (``new_outputs``): ``launch``'s callers check and allocate them
-    (``check_inputs``), and a plan is built only where that holds (``_of_layout``). The tensors, in the order of the pointers: the
-    inputs, the outputs, the tensor coefficients, ``initial_state``. A coefficient neither a float nor a tensor (an
-    int, which Triton would specialize on its value; a numpy scalar) is never planned.
+    (``check_inputs``), and a plan is built only where that holds (``_of_layout``). The tensors, in the order of
+    the pointers: the inputs, the outputs, the tensor coefficients, ``initial_state``. A coefficient neither a float
+    nor a tensor (an int, which Triton would specialize on its value; a numpy scalar) is never planned.
     """
     xs, ctypes = tuple(inputs.values()), tuple(map(type, cvals))
     others = ()  # the tensor coefficients and the initial state: rare, keyed in full
