@@ -49,6 +49,11 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``oldlong``: one-row tiles of 4096 steps only for at most ``scan.WIDE_LONG_MAX_ROWS`` rows of 2049-4095 steps, as
   before 2026-12-07 (main: also from ``scan.WIDE_LONG_FULL_T`` steps in up to ``scan.WIDE_LONG_FULL_MAX_ROWS``
   rows, and at exactly 4096 steps where the look-back does not take the rows).
+- ``win2x``: one-row tiles that hold a row but not its aligned window (T no multiple of 4 and T + 3 past the tile:
+  1022-1023, 2046-2047, 4094-4095 steps) twice as wide, on twice the warps up to 16, so that the window is taken
+  (main: such rows load one element per instruction, ``scan._aligned_window``).
+- ``long16``: one-row tiles of ``scan.WIDE_LONG_T`` steps in at most ``scan.WIDE_FEW_WARPS_ROWS`` rows on 16 warps
+  (``scan.WIDE_TILE_WARPS``; main: 8).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
   unless the final state is stored: ``scan.scan_tile_enter``).
 - ``loop``: every launch compiled with its chunk loop, as before 2026-12-06 (main compiles launches whose rows are
@@ -235,6 +240,17 @@ def _launch_config_oldlong(layout, kernel_name=None, shifted=False):
     return cfg
 
 
+def _launch_config_win2x(layout, kernel_name=None, shifted=False):
+    # one-row tiles that hold a row but not its aligned window (T no multiple of 4, T + 3 past the tile: 1022-1023,
+    # 2046-2047, 4094-4095 steps) twice as wide, on twice the warps (at most 16), so that the window is taken
+    # (scan._aligned_window; main: one element per load there)
+    cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
+    if (cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and cfg["BLOCK_T"] > _scan.MAX_BLOCK_T and layout.T % 4
+            and layout.T <= cfg["BLOCK_T"] < layout.T + 3):
+        cfg.update(BLOCK_T=2 * cfg["BLOCK_T"], num_warps=min(16, 2 * cfg["num_warps"]))
+    return cfg
+
+
 def _launch_config_row128(layout, kernel_name=None, shifted=False):
     # at most 1024 rows of 9-128 steps: one row per program on one warp (main: 4 rows per program on 4 warps)
     cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
@@ -288,6 +304,10 @@ PATCHES = {
     "vtshift": {"WIDE_SHIFTED_MAX_T": {}},
     "row128": {"launch_config": _launch_config_row128},
     "oldlong": {"launch_config": _launch_config_oldlong},
+    "win2x": {"launch_config": _launch_config_win2x},
+    # one-row tiles of WIDE_LONG_T steps on 16 warps where they take few rows' warps (scan.WIDE_TILE_WARPS; main: 8)
+    "long16": {"WIDE_TILE_WARPS": {k: {**_scan.WIDE_TILE_WARPS.get(k, {}), _scan.WIDE_LONG_T: 16}
+                                   for k in _scan.WIDE_LONG_MAX_ROWS}},
     # V-trace's vs_(t+1) read back from the stored output in tiles of fewer than 128 steps too (vtrace.RELOAD_NARROW;
     # main gathers it one column on there, through shared memory)
     "narrow": {"RELOAD_NARROW": tl.constexpr(True)},
@@ -318,6 +338,9 @@ def worker(args) -> None:
     apply_variant(args.worker)
     from _common import copy_bandwidth, device_time_us, kernel_time_us
     from bench_kernels import ALGOS, _tuple, as_float64, check, rollout
+    from sweep_configs import EXTRA_ALGOS  # GAE's and V-trace's shifted input modes (gae_shifted, vtrace_shifted)
+
+    ALGOS = {**ALGOS, **EXTRA_ALGOS}
 
     dtype = getattr(torch, args.dtype)
     if args.once:  # one call per algorithm and shape, nothing timed: a target for a profiler (ncu)
