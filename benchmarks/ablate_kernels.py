@@ -52,6 +52,10 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``win2x``: one-row tiles that hold a row but not its aligned window (T no multiple of 4 and T + 3 past the tile:
   1022-1023, 2046-2047, 4094-4095 steps) twice as wide, on twice the warps up to 16, so that the window is taken
   (main: such rows load one element per instruction, ``scan._aligned_window``).
+- ``oldwarps``: one-row tiles of ``scan.WIDE_LONG_T`` steps as at ec1a332: from 3585 steps in up to 1024 rows
+  (512 for the prefix-sum kernel), on 8 warps up to ``scan.WIDE_FEW_WARPS_ROWS`` rows and on 4 above (main: from
+  ``scan.WIDE_LONG_FULL_T`` steps in up to ``scan.WIDE_MAX_ROWS`` rows, on their warps at any number of rows, GAE's on
+  16 where the row holds its aligned window).
 - ``long16``: one-row tiles of ``scan.WIDE_LONG_T`` steps in at most ``scan.WIDE_FEW_WARPS_ROWS`` rows on 16 warps
   (``scan.WIDE_TILE_WARPS``; main: 8).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
@@ -240,6 +244,26 @@ def _launch_config_oldlong(layout, kernel_name=None, shifted=False):
     return cfg
 
 
+# the rows up to which the kernels took 4096-step tiles from 3585 steps on, before 2026-12-07 15:45 UTC
+_OLD_FULL_ROWS = {"_gae_fwd_kernel": 1024, "_td_lambda_fwd_kernel": 1024, "_prefix_sum_fwd_kernel": 512}
+
+
+def _launch_config_oldwarps(layout, kernel_name=None, shifted=False):
+    # 4096-step one-row tiles as at ec1a332: from 3585 steps in up to _OLD_FULL_ROWS[kernel] rows, on WIDE_WARPS
+    # warps up to WIDE_FEW_WARPS_ROWS rows and 4 above (main: from 3584 steps in up to WIDE_MAX_ROWS rows, on their
+    # warps at any number of rows, GAE's on 16 where the row holds its aligned window)
+    cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
+    if cfg["BLOCK_R"] != 1 or cfg["LOOKBACK"] or cfg["BLOCK_T"] != _scan.WIDE_LONG_T:
+        return cfg
+    few_warps = layout.rows <= _scan.WIDE_FEW_WARPS_ROWS
+    long_rows = max(_scan.WIDE_LONG_MAX_ROWS.get(kernel_name, 0),
+                    _OLD_FULL_ROWS.get(kernel_name, 0) if layout.T >= 3585 else 0)
+    block_t = _scan.WIDE_LONG_T if layout.rows <= long_rows else _scan.WIDE_MAX_T
+    warps = _scan.WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, _scan.WIDE_WARPS) if few_warps else 4
+    cfg.update(BLOCK_T=block_t, num_warps=_scan.WIDE_WARPS if few_warps and block_t == _scan.WIDE_LONG_T else warps)
+    return cfg
+
+
 def _launch_config_win2x(layout, kernel_name=None, shifted=False):
     # one-row tiles that hold a row but not its aligned window (T no multiple of 4, T + 3 past the tile: 1022-1023,
     # 2046-2047, 4094-4095 steps) twice as wide, on twice the warps (at most 16), so that the window is taken
@@ -305,6 +329,7 @@ PATCHES = {
     "row128": {"launch_config": _launch_config_row128},
     "oldlong": {"launch_config": _launch_config_oldlong},
     "win2x": {"launch_config": _launch_config_win2x},
+    "oldwarps": {"launch_config": _launch_config_oldwarps},
     # one-row tiles of WIDE_LONG_T steps on 16 warps where they take few rows' warps (scan.WIDE_TILE_WARPS; main: 8)
     "long16": {"WIDE_TILE_WARPS": {k: {**_scan.WIDE_TILE_WARPS.get(k, {}), _scan.WIDE_LONG_T: 16}
                                    for k in _scan.WIDE_LONG_MAX_ROWS}},

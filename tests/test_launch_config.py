@@ -22,17 +22,21 @@ pytestmark = [pytest.mark.triton,
 
 @pytest.mark.parametrize("shape,block_t,warps,vtrace_block_t", [
     ((128, 1024, 1), 1024, 8, 1024), ((512, 2048, 1), 2048, 8, 2048), ((1000, 1000, 1), 1024, 4, 1024),
-    ((16, 3000, 1), 4096, 8, 4096), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
+    # GAE's 4096-step tiles on 16 warps (WIDE_TILE_WARPS)
+    ((16, 3000, 1), 4096, 16, 4096), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
     # up to 128 rows V-trace's tiles take 4096 steps, up to 256 GAE's (WIDE_LONG_MAX_ROWS)
-    ((200, 3000, 1), 4096, 8, 2048),
+    ((200, 3000, 1), 4096, 16, 2048),
     # on 4 warps V-trace's tiles are at most 1024 steps (WIDE_4_WARPS_MAX_T)
     ((1000, 2048, 1), 2048, 4, 1024),
-    # from WIDE_LONG_FULL_T steps on GAE's tiles take 4096 steps in up to 1024 rows (WIDE_LONG_FULL_MAX_ROWS), V-trace's
-    # not
-    ((300, 3500, 1), 2048, 8, 2048), ((300, 3600, 1), 4096, 8, 2048), ((1000, 4000, 1), 4096, 4, 1024),
+    # from WIDE_LONG_FULL_T steps on GAE's tiles take 4096 steps in up to WIDE_MAX_ROWS rows (WIDE_LONG_FULL_KERNELS),
+    # V-trace's not; on their warps above WIDE_FEW_WARPS_ROWS rows too
+    ((300, 3500, 1), 2048, 8, 2048), ((300, 3600, 1), 4096, 16, 2048), ((1000, 4000, 1), 4096, 16, 1024),
+    ((1000, 3584, 1), 4096, 16, 1024),
+    # rows that do not hold their aligned window in the tile (T no multiple of 4, T + 3 past it): WIDE_WARPS
+    ((512, 4095, 1), 4096, 8, 2048), ((1000, 4094, 1), 4096, 8, 1024), ((16, 4093, 1), 4096, 16, 4096),
     # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back; one tile of
     # WIDE_LONG_T steps, two of 2048 beyond
-    ((64, 4096, 1), 4096, 8, 2048), ((512, 4096, 1), 4096, 8, 2048), ((512, 8192, 1), 2048, 8, 2048)])
+    ((64, 4096, 1), 4096, 16, 2048), ((512, 4096, 1), 4096, 16, 2048), ((512, 8192, 1), 2048, 8, 2048)])
 def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_t):
     cfg = scan.launch_config(_layout(shape), "_gae_fwd_kernel")
     assert (cfg["BLOCK_R"], cfg["BLOCK_T"], cfg["num_warps"], cfg["LOOKBACK"]) == (1, block_t, warps, 0)
@@ -41,10 +45,12 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
     if shape[1] < scan.LOOKBACK_MIN_T or shape[0] < scan.LOOKBACK_MANY_ROWS:
         assert scan.launch_config(_layout(shape), "_vtrace_fwd_kernel")["BLOCK_T"] == vtrace_block_t
         # V-trace's shifted input mode keeps tiles of at most 2048 steps (WIDE_SHIFTED_MAX_T), 2048-step ones on 16
-        # warps up to WIDE_FEW_WARPS_ROWS rows (WIDE_TILE_WARPS); GAE's takes its tile
+        # warps up to WIDE_FEW_WARPS_ROWS rows (WIDE_TILE_WARPS), others on WIDE_WARPS there and 4 above; GAE's
+        # takes its tile
         shifted = scan.launch_config(_layout(shape), "_vtrace_fwd_kernel", shifted=True)
         width = min(vtrace_block_t, 2048)
-        expected_warps = 16 if width == 2048 and shape[0] <= scan.WIDE_FEW_WARPS_ROWS else warps
+        few = shape[0] <= scan.WIDE_FEW_WARPS_ROWS
+        expected_warps = (16 if width == 2048 else scan.WIDE_WARPS) if few else 4
         assert (shifted["BLOCK_T"], shifted["num_warps"]) == (width, expected_warps)
         assert scan.launch_config(_layout(shape), "_gae_fwd_kernel", shifted=True) == cfg
 
@@ -54,11 +60,16 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
     ("_gae_fwd_kernel", (64, 300, 1), 4), ("_gae_fwd_kernel", (512, 2048, 1), 8),
     ("_vtrace_fwd_kernel", (512, 2048, 1), 16), ("_vtrace_fwd_kernel", (64, 512, 1), 8),
     ("_vtrace_fwd_kernel", (16, 3000, 1), 8), ("_td_lambda_fwd_kernel", (512, 512, 1), 8),
-    # above WIDE_FEW_WARPS_ROWS rows every kernel's one-row tiles take 4 warps
-    ("_prefix_sum_fwd_kernel", (1000, 512, 1), 4), ("_vtrace_fwd_kernel", (1000, 2048, 1), 4)])
+    ("_gae_fwd_kernel", (16, 2049, 1), 16), ("_td_lambda_fwd_kernel", (16, 2049, 1), 8),
+    # above WIDE_FEW_WARPS_ROWS rows every kernel's one-row tiles take 4 warps, but WIDE_LONG_T-step ones
+    ("_prefix_sum_fwd_kernel", (1000, 512, 1), 4), ("_vtrace_fwd_kernel", (1000, 2048, 1), 4),
+    ("_td_lambda_fwd_kernel", (1000, 4096, 1), 8), ("_prefix_sum_fwd_kernel", (1024, 3584, 1), 8),
+    ("_gae_fwd_kernel", (1024, 4096, 1), 16), ("_gae_fwd_kernel", (1024, 4095, 1), 8),
+    ("_td_lambda_fwd_kernel", (1024, 3583, 1), 4)])
 def test_one_row_tiles_take_their_kernels_warps(kernel, shape, warps):
     """One-row tiles take WIDE_WARPS warps, or WIDE_TILE_WARPS' number for their kernel and width (the H200 A/B of
-    af85518), up to WIDE_FEW_WARPS_ROWS rows; 4 above."""
+    af85518), up to WIDE_FEW_WARPS_ROWS rows, 4 above; WIDE_LONG_T-step ones at any number of rows, WIDE_WARPS in
+    rows that do not hold their aligned window."""
     cfg = scan.launch_config(_layout(shape), kernel)
     assert (cfg["BLOCK_R"], cfg["num_warps"]) == (1, warps), cfg
 
@@ -83,11 +94,11 @@ def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
 
 @pytest.mark.parametrize("kernel", sorted(scan.KERNELS))
 def test_rows_that_nearly_fill_a_4096_step_tile_take_it_in_more_rows(kernel):
-    """From WIDE_LONG_FULL_T steps to WIDE_LONG_T, one WIDE_LONG_T-step tile per row in up to
-    WIDE_LONG_FULL_MAX_ROWS[kernel] rows (float32 accumulation), more than WIDE_LONG_MAX_ROWS[kernel]; a step fewer,
-    more rows and float64 keep the rule below."""
+    """From WIDE_LONG_FULL_T steps to WIDE_LONG_T, one WIDE_LONG_T-step tile per row in up to WIDE_MAX_ROWS rows
+    for the kernels of WIDE_LONG_FULL_KERNELS (float32 accumulation), more than WIDE_LONG_MAX_ROWS[kernel]; a step
+    fewer, more rows and float64 keep the rule below."""
     rows = scan.WIDE_LONG_MAX_ROWS.get(kernel, 0)
-    full_rows = scan.WIDE_LONG_FULL_MAX_ROWS.get(kernel, 0)
+    full_rows = scan.WIDE_MAX_ROWS if kernel in scan.WIDE_LONG_FULL_KERNELS else 0
     below = min(scan.WIDE_MAX_T, scan.WIDE_4_WARPS_MAX_T.get(kernel, scan.WIDE_MAX_T))
     for T in (scan.WIDE_LONG_FULL_T, 4095):
         for r in {max(rows, 1), rows + 1, full_rows, full_rows + 1} - {0}:

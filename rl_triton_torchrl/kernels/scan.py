@@ -164,7 +164,8 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_4_WARPS_MAX_T = {"_vtrace_fwd_kernel": 1024}
 WIDE_SHIFTED_MAX_T = {"_vtrace_fwd_kernel": 2048}
-WIDE_TILE_WARPS = {"_prefix_sum_fwd_kernel": {512: 4}, "_gae_fwd_kernel": {512: 4}, "_vtrace_fwd_kernel": {2048: 16}}
+WIDE_TILE_WARPS = {"_prefix_sum_fwd_kernel": {512: 4}, "_gae_fwd_kernel": {512: 4, 4096: 16},
+                   "_vtrace_fwd_kernel": {2048: 16}}
 # At most WIDE_LONG_MAX_ROWS[kernel] rows of more than WIDE_MAX_T steps and fewer than LOOKBACK_MIN_T (2049-4095)
 # with float32 accumulation: one tile of up to WIDE_LONG_T steps instead of two walked in turn. H100
 # (ablate_wide4096_38feaf5.md), faster in every cell of 16-100 rows: 16 x 2049 GAE 10.7 -> 9.3 µs, 16 x 4095 14.1 ->
@@ -175,21 +176,31 @@ WIDE_TILE_WARPS = {"_prefix_sum_fwd_kernel": {512: 4}, "_gae_fwd_kernel": {512: 
 # 64 x 3072 14.1 -> 13.2), slower at 256 (256 x 3072 19.8 -> 23.9; its tiles take 156-184 registers), so up to 128
 # rows. retrace_discrete's 2048-step tiles take 196 registers already.
 # Rows of WIDE_LONG_FULL_T steps or more (up to WIDE_LONG_T: the tile at least 7/8 full) take it in up to
-# WIDE_LONG_FULL_MAX_ROWS[kernel] rows; and so do rows of exactly WIDE_LONG_T steps where the look-back does not take
+# WIDE_MAX_ROWS rows for the kernels of WIDE_LONG_FULL_KERNELS; and so do rows of exactly WIDE_LONG_T steps where the look-back does not take
 # them (from LOOKBACK_MANY_ROWS rows on). H100 (benchmarks/results/h100/ablate_oldlong_d21f78b.md, do_bench µs, one
 # tile against two walked in turn): 128 x 4096 GAE 13.7 -> 10.9, 512 x 3600 24.8 -> 22.2, 512 x 4096 25.7 -> 23.2,
 # 1024 x 3600 44.8 -> 40.0, 1024 x 4096 47.4 -> 42.1; TD(lambda) 1024 x 3600 37.1 -> 32.2, the discounted return
 # 1024 x 4095 43.7 -> 32.1; every GAE, TD(lambda) and discounted-return cell faster or level. The prefix-sum kernel
 # (traces, prefix sums) faster up to 512 rows (128 x 4096 11.0 -> 8.2, 512 x 3600 14.1 -> 13.4) and slower in 1024
-# rows on their 4 warps (1024 x 3600 22.3 -> 25.2, x 4096 23.7 -> 26.3). By the 50-call graph against rl-triton
+# rows on 4 warps (1024 x 3600 22.3 -> 25.2, x 4096 23.7 -> 26.3; faster on 8, below). By the 50-call graph against rl-triton
 # (bench_peers_long_{base,oldlong}_d21f78b.md): GAE 512 x 4096 without truncations 17.8 -> 17.0 µs (rl-triton's
 # 13.5), with them 20.5 -> 17.2. At 3072 steps every kernel slower in 512-1000 rows (ablate_wide4096_38feaf5.md:
 # GAE 512 x 3072 22.3 -> 24.3, 1000 x 3072 37.8 -> 44.5). V-trace keeps its rows' bound (its 4096-step tiles take
 # 156-184 registers).
-WIDE_LONG_T, WIDE_LONG_FULL_T = 4096, 3585
+# WIDE_LONG_T-step tiles take their warps at any number of rows (not 4 above WIDE_FEW_WARPS_ROWS), and GAE's take 16
+# (WIDE_TILE_WARPS) but in rows that do not hold their aligned window (T no multiple of 4 and T + 3 past the tile:
+# one element per load, ``_aligned_window``), which take WIDE_WARPS. H100, the 50-call graph
+# (benchmarks/results/h100/sweep_wide_long_100700f.md, every configuration checked against float64), 1024 rows:
+# TD(lambda) 1024 x 4096 29.1 -> 25.0 µs (4 -> 8 warps), 1024 x 3584 29.8 -> 22.8 (two 2048-step tiles on 4 warps
+# -> one 4096-step tile on 8), the traces 1024 x 4095 26.9 -> 22.1, 1024 x 3584 11.6 -> 10.8 (the 1024-row slowdown
+# of ablate_oldlong_d21f78b.md was its 4 warps); GAE's shifted mode on 16 warps 512 x 4096 17.0 -> 14.9, 1024 x 4096
+# 37.5 -> 30.2, 1024 x 3584 34.4 -> 28.2, 128 x 4096 5.9 -> 5.3, 16 x 2049 5.3 -> 4.8, but at 4095 steps slower than
+# on 8 (512 x 4095 20.2 -> 28.3; ablate_win2x_long16_100700f.md with next values, do_bench: 32.3 -> 41.2). Rows of
+# 3584 steps (7/8 of the tile) gain as those above: 512 x 3584 TD(lambda) 11.4 -> 10.8, the traces 6.4 -> 6.1.
+WIDE_LONG_T, WIDE_LONG_FULL_T = 4096, 3584
 WIDE_LONG_MAX_ROWS = {"_gae_fwd_kernel": 256, "_td_lambda_fwd_kernel": 256, "_prefix_sum_fwd_kernel": 256,
                       "_vtrace_fwd_kernel": 128}
-WIDE_LONG_FULL_MAX_ROWS = {"_gae_fwd_kernel": 1024, "_td_lambda_fwd_kernel": 1024, "_prefix_sum_fwd_kernel": 512}
+WIDE_LONG_FULL_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel"})
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
 # few steps wide over many rows read whole lines. Sequences of at most TIME_MAJOR_MAX_T steps whose time dimension
 # strides over at least TIME_MAJOR_MIN_ROWS rows (``layout.inner``), for the kernels in TIME_MAJOR_KERNELS: tiles of
@@ -802,8 +813,9 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
       ``TIME_MAJOR_BLOCK_T`` tiles on one warp;
     - sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows;
     - at most ``WIDE_MAX_ROWS`` rows of longer sequences one row per program, in tiles of up to ``WIDE_MAX_T`` steps
-      on more warps; of up to ``WIDE_LONG_T`` steps in at most ``WIDE_LONG_MAX_ROWS[kernel_name]`` rows, or
-      ``WIDE_LONG_FULL_MAX_ROWS[kernel_name]`` rows from ``WIDE_LONG_FULL_T`` steps on.
+      on more warps (4 above ``WIDE_FEW_WARPS_ROWS`` rows); of up to ``WIDE_LONG_T`` steps in at most
+      ``WIDE_LONG_MAX_ROWS[kernel_name]`` rows, or for the kernels of ``WIDE_LONG_FULL_KERNELS`` in all of them from
+      ``WIDE_LONG_FULL_T`` steps on, on their warps at any number of rows.
 
     Or, for long float32 sequences in too few rows to fill the GPU that way (from ``LOOKBACK_MANY_ROWS`` rows on,
     only from ``LOOKBACK_MANY_ROWS_MIN_T`` steps, but for the kernels in ``LOOKBACK_MANY_ROWS_SEGMENTS``), one
@@ -840,15 +852,18 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
         few_warps = layout.rows <= WIDE_FEW_WARPS_ROWS
         max_t = WIDE_MAX_T if few_warps else WIDE_4_WARPS_MAX_T.get(kernel_name, WIDE_MAX_T)
         if (WIDE_MAX_T < layout.T <= WIDE_LONG_T and layout.acc_dtype == torch.float32
-                and layout.rows <= max(WIDE_LONG_MAX_ROWS.get(kernel_name, 0),
-                                       WIDE_LONG_FULL_MAX_ROWS.get(kernel_name, 0) if layout.T >= WIDE_LONG_FULL_T
-                                       else 0)):
+                and (layout.rows <= WIDE_LONG_MAX_ROWS.get(kernel_name, 0)
+                     or layout.T >= WIDE_LONG_FULL_T and kernel_name in WIDE_LONG_FULL_KERNELS)):
             max_t = WIDE_LONG_T
         if shifted:
             max_t = min(max_t, WIDE_SHIFTED_MAX_T.get(kernel_name, max_t))
         block_t = min(_pow2(layout.T), max_t)
         block_r = 1
-        num_warps = WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, WIDE_WARPS) if few_warps else 4
+        num_warps = 4
+        if few_warps or block_t == WIDE_LONG_T:
+            num_warps = WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, WIDE_WARPS)
+        if block_t == WIDE_LONG_T and layout.T % 4 and layout.T + 3 > block_t:  # no aligned window: one-element loads
+            num_warps = WIDE_WARPS
     elif (kernel_name in TILE256_STAGES.get(layout.dtype.itemsize, ()) and layout.inner == 1
           and layout.T >= TILE256_MIN_T and layout.rows >= TILE256_MIN_ROWS):
         block_r, block_t, num_warps = TILE256_BLOCK_R, TILE256_T, TILE256_BLOCK_R
@@ -1176,7 +1191,7 @@ _CONFIG_NAMES = frozenset({
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
     "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_4_WARPS_MAX_T", "WIDE_SHIFTED_MAX_T",
-    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_FULL_T", "WIDE_LONG_MAX_ROWS", "WIDE_LONG_FULL_MAX_ROWS",
+    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_FULL_T", "WIDE_LONG_MAX_ROWS", "WIDE_LONG_FULL_KERNELS",
     "WARP_LOCAL_T",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
     "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS", "WINDOW_KERNELS", "WINDOW_MIN_CHUNKS",
