@@ -56,6 +56,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   (512 for the prefix-sum kernel), on 8 warps up to ``scan.WIDE_FEW_WARPS_ROWS`` rows and on 4 above (main: from
   ``scan.WIDE_LONG_FULL_T`` steps in up to ``scan.WIDE_MAX_ROWS`` rows, on their warps at any number of rows, GAE's on
   16 where the row holds its aligned window).
+- ``full2049``: one-row tiles of ``scan.WIDE_LONG_T`` steps from 2049 steps on in up to ``scan.WIDE_MAX_ROWS`` rows
+  for the kernels of ``scan.WIDE_LONG_FULL_KERNELS`` (``scan.WIDE_LONG_FULL_T``; main: 3584).
 - ``long16``: one-row tiles of ``scan.WIDE_LONG_T`` steps in at most ``scan.WIDE_FEW_WARPS_ROWS`` rows on 16 warps
   (``scan.WIDE_TILE_WARPS``; main: 8).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
@@ -330,6 +332,8 @@ PATCHES = {
     "oldlong": {"launch_config": _launch_config_oldlong},
     "win2x": {"launch_config": _launch_config_win2x},
     "oldwarps": {"launch_config": _launch_config_oldwarps},
+    # 4096-step one-row tiles from 2049 steps in up to WIDE_MAX_ROWS rows (scan.WIDE_LONG_FULL_T; main: 3584)
+    "full2049": {"WIDE_LONG_FULL_T": 2049},
     # one-row tiles of WIDE_LONG_T steps on 16 warps where they take few rows' warps (scan.WIDE_TILE_WARPS; main: 8)
     "long16": {"WIDE_TILE_WARPS": {k: {**_scan.WIDE_TILE_WARPS.get(k, {}), _scan.WIDE_LONG_T: 16}
                                    for k in _scan.WIDE_LONG_MAX_ROWS}},
