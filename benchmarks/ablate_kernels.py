@@ -46,18 +46,18 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   empty; main: 2048 steps since af85518's A/B, 1024 before); with ``warpst`` (``warpst_vtshift``) 512 x 2048 takes
   one 2048-step tile on 16 warps, as main does now.
 - ``row128``: at most 1024 rows of 9-128 steps one row per program on one warp (main: 4 rows per program).
-- ``oldlong``: one-row tiles of 4096 steps only for at most ``scan.WIDE_LONG_MAX_ROWS`` rows of 2049-4095 steps, as
-  before 2026-12-07 (main: also from ``scan.WIDE_LONG_FULL_T`` steps in up to ``scan.WIDE_LONG_FULL_MAX_ROWS``
-  rows, and at exactly 4096 steps where the look-back does not take the rows).
+- ``oldlong``: one-row tiles of 4096 steps only for at most 256 rows (V-trace 128) of 2049-4095 steps, as before
+  2026-12-07 (main: ``scan.WIDE_LONG_MAX_ROWS``, every row count of the wide tiles for GAE, TD(λ) and the prefix-sum
+  kernel, and at exactly 4096 steps where the look-back does not take the rows); the 4096-step tiles it keeps take
+  main's warps.
 - ``win2x``: one-row tiles that hold a row but not its aligned window (T no multiple of 4 and T + 3 past the tile:
   1022-1023, 2046-2047, 4094-4095 steps) twice as wide, on twice the warps up to 16, so that the window is taken
   (main: such rows load one element per instruction, ``scan._aligned_window``).
-- ``oldwarps``: one-row tiles of ``scan.WIDE_LONG_T`` steps as at ec1a332: from 3585 steps in up to 1024 rows
-  (512 for the prefix-sum kernel), on 8 warps up to ``scan.WIDE_FEW_WARPS_ROWS`` rows and on 4 above (main: from
-  ``scan.WIDE_LONG_FULL_T`` steps in up to ``scan.WIDE_MAX_ROWS`` rows, on their warps at any number of rows, GAE's on
-  16 where the row holds its aligned window).
-- ``full2049``: one-row tiles of ``scan.WIDE_LONG_T`` steps from 2049 steps on in up to ``scan.WIDE_MAX_ROWS`` rows
-  for the kernels of ``scan.WIDE_LONG_FULL_KERNELS`` (``scan.WIDE_LONG_FULL_T``; main: 3584).
+- ``oldwarps``: one-row tiles of ``scan.WIDE_LONG_T`` steps as at ec1a332: in up to 256 rows (V-trace 128), from
+  3585 steps in up to 1024 rows (512 for the prefix-sum kernel), on 8 warps up to ``scan.WIDE_FEW_WARPS_ROWS`` rows
+  and on 4 above (main, since 1d59d11 and the A/B of ``full2049`` at 0d9832c, a variant that set 1d59d11's
+  ``WIDE_LONG_FULL_T`` to 2049: every row count from 2049 steps for GAE, TD(λ) and the prefix-sum kernel, on their
+  warps at any number of rows, GAE's on 16 where the row holds its aligned window).
 - ``long16``: one-row tiles of ``scan.WIDE_LONG_T`` steps in at most ``scan.WIDE_FEW_WARPS_ROWS`` rows on 16 warps
   (``scan.WIDE_TILE_WARPS``; main: 8).
 - ``exitall``: the state leaving every tile computed, as before 2026-12-06 (main skips it in a call's last chunk
@@ -232,11 +232,11 @@ def _launch_config_warpst(layout, kernel_name=None, shifted=False):
 
 
 def _launch_config_oldlong(layout, kernel_name=None, shifted=False):
-    # 4096-step one-row tiles only up to scan.WIDE_LONG_MAX_ROWS rows of fewer than 4096 steps, as before
-    # WIDE_LONG_FULL_MAX_ROWS (main: also from WIDE_LONG_FULL_T steps in more rows, and at exactly 4096)
+    # 4096-step one-row tiles only up to _OLD_LONG_ROWS rows of fewer than 4096 steps, as before 2026-12-07 (main:
+    # scan.WIDE_LONG_MAX_ROWS, and at exactly 4096)
     cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
     if (cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and cfg["BLOCK_T"] == _scan.WIDE_LONG_T
-            and (layout.rows > _scan.WIDE_LONG_MAX_ROWS.get(kernel_name, 0) or layout.T >= _scan.LOOKBACK_MIN_T)):
+            and (layout.rows > _OLD_LONG_ROWS.get(kernel_name, 0) or layout.T >= _scan.LOOKBACK_MIN_T)):
         few_warps = layout.rows <= _scan.WIDE_FEW_WARPS_ROWS
         block_t = _scan.WIDE_MAX_T if few_warps else _scan.WIDE_4_WARPS_MAX_T.get(kernel_name, _scan.WIDE_MAX_T)
         if shifted:
@@ -246,7 +246,10 @@ def _launch_config_oldlong(layout, kernel_name=None, shifted=False):
     return cfg
 
 
-# the rows up to which the kernels took 4096-step tiles from 3585 steps on, before 2026-12-07 15:45 UTC
+# the rows up to which the kernels took 4096-step tiles before 2026-12-07 (scan.WIDE_LONG_MAX_ROWS then), and from
+# 3585 steps on, at ec1a332
+_OLD_LONG_ROWS = {"_gae_fwd_kernel": 256, "_td_lambda_fwd_kernel": 256, "_prefix_sum_fwd_kernel": 256,
+                  "_vtrace_fwd_kernel": 128}
 _OLD_FULL_ROWS = {"_gae_fwd_kernel": 1024, "_td_lambda_fwd_kernel": 1024, "_prefix_sum_fwd_kernel": 512}
 
 
@@ -258,7 +261,7 @@ def _launch_config_oldwarps(layout, kernel_name=None, shifted=False):
     if cfg["BLOCK_R"] != 1 or cfg["LOOKBACK"] or cfg["BLOCK_T"] != _scan.WIDE_LONG_T:
         return cfg
     few_warps = layout.rows <= _scan.WIDE_FEW_WARPS_ROWS
-    long_rows = max(_scan.WIDE_LONG_MAX_ROWS.get(kernel_name, 0),
+    long_rows = max(_OLD_LONG_ROWS.get(kernel_name, 0),
                     _OLD_FULL_ROWS.get(kernel_name, 0) if layout.T >= 3585 else 0)
     block_t = _scan.WIDE_LONG_T if layout.rows <= long_rows else _scan.WIDE_MAX_T
     warps = _scan.WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, _scan.WIDE_WARPS) if few_warps else 4
@@ -332,9 +335,8 @@ PATCHES = {
     "oldlong": {"launch_config": _launch_config_oldlong},
     "win2x": {"launch_config": _launch_config_win2x},
     "oldwarps": {"launch_config": _launch_config_oldwarps},
-    # 4096-step one-row tiles from 2049 steps in up to WIDE_MAX_ROWS rows (scan.WIDE_LONG_FULL_T; main: 3584)
-    "full2049": {"WIDE_LONG_FULL_T": 2049},
-    # one-row tiles of WIDE_LONG_T steps on 16 warps where they take few rows' warps (scan.WIDE_TILE_WARPS; main: 8)
+    # one-row tiles of WIDE_LONG_T steps on 16 warps where they take few rows' warps (scan.WIDE_TILE_WARPS; main
+    # at 100700f: 8)
     "long16": {"WIDE_TILE_WARPS": {k: {**_scan.WIDE_TILE_WARPS.get(k, {}), _scan.WIDE_LONG_T: 16}
                                    for k in _scan.WIDE_LONG_MAX_ROWS}},
     # V-trace's vs_(t+1) read back from the stored output in tiles of fewer than 128 steps too (vtrace.RELOAD_NARROW;

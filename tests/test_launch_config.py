@@ -23,15 +23,13 @@ pytestmark = [pytest.mark.triton,
 @pytest.mark.parametrize("shape,block_t,warps,vtrace_block_t", [
     ((128, 1024, 1), 1024, 8, 1024), ((512, 2048, 1), 2048, 8, 2048), ((1000, 1000, 1), 1024, 4, 1024),
     # GAE's 4096-step tiles on 16 warps (WIDE_TILE_WARPS)
-    ((16, 3000, 1), 4096, 16, 4096), ((300, 3000, 1), 2048, 8, 2048), ((64, 129, 1), 256, 8, 256),
-    # up to 128 rows V-trace's tiles take 4096 steps, up to 256 GAE's (WIDE_LONG_MAX_ROWS)
-    ((200, 3000, 1), 4096, 16, 2048),
+    ((16, 3000, 1), 4096, 16, 4096), ((64, 129, 1), 256, 8, 256),
+    # up to 128 rows V-trace's tiles take 4096 steps, GAE's in every row count (WIDE_LONG_MAX_ROWS), on their warps
+    # above WIDE_FEW_WARPS_ROWS rows too
+    ((200, 3000, 1), 4096, 16, 2048), ((300, 3000, 1), 4096, 16, 2048), ((300, 2049, 1), 4096, 16, 2048),
+    ((1000, 3000, 1), 4096, 16, 1024), ((1000, 4000, 1), 4096, 16, 1024),
     # on 4 warps V-trace's tiles are at most 1024 steps (WIDE_4_WARPS_MAX_T)
     ((1000, 2048, 1), 2048, 4, 1024),
-    # from WIDE_LONG_FULL_T steps on GAE's tiles take 4096 steps in up to WIDE_MAX_ROWS rows (WIDE_LONG_FULL_KERNELS),
-    # V-trace's not; on their warps above WIDE_FEW_WARPS_ROWS rows too
-    ((300, 3500, 1), 2048, 8, 2048), ((300, 3600, 1), 4096, 16, 2048), ((1000, 4000, 1), 4096, 16, 1024),
-    ((1000, 3584, 1), 4096, 16, 1024),
     # rows that do not hold their aligned window in the tile (T no multiple of 4, T + 3 past it): WIDE_WARPS
     ((512, 4095, 1), 4096, 8, 2048), ((1000, 4094, 1), 4096, 8, 1024), ((16, 4093, 1), 4096, 16, 4096),
     # from LOOKBACK_MANY_ROWS rows on, rows shorter than LOOKBACK_MANY_ROWS_MIN_T steps: no look-back; one tile of
@@ -65,7 +63,7 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
     ("_prefix_sum_fwd_kernel", (1000, 512, 1), 4), ("_vtrace_fwd_kernel", (1000, 2048, 1), 4),
     ("_td_lambda_fwd_kernel", (1000, 4096, 1), 8), ("_prefix_sum_fwd_kernel", (1024, 3584, 1), 8),
     ("_gae_fwd_kernel", (1024, 4096, 1), 16), ("_gae_fwd_kernel", (1024, 4095, 1), 8),
-    ("_td_lambda_fwd_kernel", (1024, 3583, 1), 4)])
+    ("_td_lambda_fwd_kernel", (1024, 2048, 1), 4)])
 def test_one_row_tiles_take_their_kernels_warps(kernel, shape, warps):
     """One-row tiles take WIDE_WARPS warps, or WIDE_TILE_WARPS' number for their kernel and width (the H200 A/B of
     af85518), up to WIDE_FEW_WARPS_ROWS rows, 4 above; WIDE_LONG_T-step ones at any number of rows, WIDE_WARPS in
@@ -76,11 +74,12 @@ def test_one_row_tiles_take_their_kernels_warps(kernel, shape, warps):
 
 @pytest.mark.parametrize("kernel", sorted(scan.KERNELS))
 def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
-    """At most WIDE_LONG_MAX_ROWS[kernel] rows of 2049-4095 steps: one tile of WIDE_LONG_T steps with float32
-    accumulation; the other kernels, more rows, float64 and shorter or longer rows as the rule without it."""
+    """At most WIDE_LONG_MAX_ROWS[kernel] rows of 2049-4095 steps (every row count of the wide tiles for GAE,
+    TD(lambda) and the prefix-sum kernel; 128 for V-trace): one tile of WIDE_LONG_T steps with float32 accumulation;
+    the other kernels, more rows, float64 and shorter or longer rows as the rule without it."""
     max_rows = scan.WIDE_LONG_MAX_ROWS.get(kernel, 0)
     long_tile = max_rows > 0
-    for shape in [(1, 2049, 1), (max(max_rows, 1), 4095, 1), (max(max_rows, 1), scan.WIDE_LONG_FULL_T - 1, 1)]:
+    for shape in [(1, 2049, 1), (max(max_rows, 1), 4095, 1), (max(max_rows, 1), 3000, 1)]:
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
             wide = scan.WIDE_MAX_T
             expected = scan.WIDE_LONG_T if long_tile and dtype != torch.float64 else wide
@@ -92,26 +91,6 @@ def test_few_rows_of_2049_to_4095_steps_take_one_tile(kernel):
     assert scan.launch_config(_layout((16, 4096, 1)), kernel)["LOOKBACK"] == scan.LOOKBACK_WINDOW
 
 
-@pytest.mark.parametrize("kernel", sorted(scan.KERNELS))
-def test_rows_that_nearly_fill_a_4096_step_tile_take_it_in_more_rows(kernel):
-    """From WIDE_LONG_FULL_T steps to WIDE_LONG_T, one WIDE_LONG_T-step tile per row in up to WIDE_MAX_ROWS rows
-    for the kernels of WIDE_LONG_FULL_KERNELS (float32 accumulation), more than WIDE_LONG_MAX_ROWS[kernel]; a step
-    fewer, more rows and float64 keep the rule below."""
-    rows = scan.WIDE_LONG_MAX_ROWS.get(kernel, 0)
-    full_rows = scan.WIDE_MAX_ROWS if kernel in scan.WIDE_LONG_FULL_KERNELS else 0
-    below = min(scan.WIDE_MAX_T, scan.WIDE_4_WARPS_MAX_T.get(kernel, scan.WIDE_MAX_T))
-    for T in (scan.WIDE_LONG_FULL_T, 4095):
-        for r in {max(rows, 1), rows + 1, full_rows, full_rows + 1} - {0}:
-            expected = scan.WIDE_LONG_T if r <= max(rows, full_rows) else None
-            block_t = scan.launch_config(_layout((r, T, 1)), kernel)["BLOCK_T"]
-            assert block_t == expected if expected else block_t <= scan.WIDE_MAX_T, (r, T, block_t)
-            assert scan.launch_config(_layout((r, T, 1), torch.float64), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
-    if full_rows > rows:
-        assert scan.launch_config(_layout((full_rows, scan.WIDE_LONG_FULL_T - 1, 1)), kernel)["BLOCK_T"] == (
-            below if full_rows > scan.WIDE_FEW_WARPS_ROWS else scan.WIDE_MAX_T)
-    assert scan.launch_config(_layout((scan.WIDE_MAX_ROWS + 1, 4095, 1)), kernel)["BLOCK_T"] <= scan.WIDE_MAX_T
-
-
 @pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
                                          ("discounted", "_td_lambda_fwd_kernel"), ("traces", "_prefix_sum_fwd_kernel"),
                                          ("sum_after_done", "_prefix_sum_fwd_kernel"), ("vtrace", "_vtrace_fwd_kernel")])
@@ -121,13 +100,12 @@ def test_one_tile_of_4096_steps_matches_reference(algo, kernel):
     _compare(algo, (3, 2500, 1), "random", seed=5, with_state=True)
 
 
-@pytest.mark.parametrize("T", [3700, 4096])
+@pytest.mark.parametrize("T", [3700, 4095, 4096])
 @pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
                                          ("traces", "_prefix_sum_fwd_kernel")])
 def test_nearly_full_4096_step_tiles_match_reference(algo, kernel, T, monkeypatch):
-    """The 4096-step tiles past WIDE_LONG_MAX_ROWS' rows (3 rows stand in for them) and, where the look-back does
-    not take them, of exactly 4096 steps (3 rows stand in for LOOKBACK_MANY_ROWS), with carried states."""
-    monkeypatch.setattr(scan, "WIDE_LONG_MAX_ROWS", {})
+    """Rows that nearly fill a 4096-step tile (4095 steps: no aligned window) and, where the look-back does not take
+    them, of exactly 4096 steps (3 rows stand in for LOOKBACK_MANY_ROWS), with carried states."""
     monkeypatch.setattr(scan, "LOOKBACK_MANY_ROWS", 2)
     cfg = scan.launch_config(_layout((3, T, 1)), kernel)
     assert (cfg["BLOCK_T"], cfg["LOOKBACK"]) == (scan.WIDE_LONG_T, 0)

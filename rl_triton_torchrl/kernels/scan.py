@@ -166,41 +166,31 @@ WIDE_4_WARPS_MAX_T = {"_vtrace_fwd_kernel": 1024}
 WIDE_SHIFTED_MAX_T = {"_vtrace_fwd_kernel": 2048}
 WIDE_TILE_WARPS = {"_prefix_sum_fwd_kernel": {512: 4}, "_gae_fwd_kernel": {512: 4, 4096: 16},
                    "_vtrace_fwd_kernel": {2048: 16}}
-# At most WIDE_LONG_MAX_ROWS[kernel] rows of more than WIDE_MAX_T steps and fewer than LOOKBACK_MIN_T (2049-4095)
-# with float32 accumulation: one tile of up to WIDE_LONG_T steps instead of two walked in turn. H100
-# (ablate_wide4096_38feaf5.md), faster in every cell of 16-100 rows: 16 x 2049 GAE 10.7 -> 9.3 µs, 16 x 4095 14.1 ->
-# 10.8, 100 x 3072 12.5 -> 10.6, the discounted return 16 x 4095 12.6 -> 9.7; at 512 rows mixed (GAE 512 x 3072 22.3
-# -> 24.3, 512 x 4095 36.7 -> 32.5), at 1000 rows slower (GAE 1000 x 3072 37.8 -> 44.5); at 128 and 256 rows faster,
-# at 384 level (ablate_fewrows_06ace1c.md: GAE 128 x 3072 12.3 -> 10.9, 256 x 4095 21.2 -> 18.4). V-trace
-# (ablate_vtlong_db104d6.md, do_bench µs): faster at 16-100 rows (16 x 4095 15.6 -> 12.2, 100 x 4095 18.5 -> 14.8,
-# 64 x 3072 14.1 -> 13.2), slower at 256 (256 x 3072 19.8 -> 23.9; its tiles take 156-184 registers), so up to 128
-# rows. retrace_discrete's 2048-step tiles take 196 registers already.
-# Rows of WIDE_LONG_FULL_T steps or more (up to WIDE_LONG_T: the tile at least 7/8 full) take it in up to
-# WIDE_MAX_ROWS rows for the kernels of WIDE_LONG_FULL_KERNELS; and so do rows of exactly WIDE_LONG_T steps where the look-back does not take
-# them (from LOOKBACK_MANY_ROWS rows on). H100 (benchmarks/results/h100/ablate_oldlong_d21f78b.md, do_bench µs, one
-# tile against two walked in turn): 128 x 4096 GAE 13.7 -> 10.9, 512 x 3600 24.8 -> 22.2, 512 x 4096 25.7 -> 23.2,
-# 1024 x 3600 44.8 -> 40.0, 1024 x 4096 47.4 -> 42.1; TD(lambda) 1024 x 3600 37.1 -> 32.2, the discounted return
-# 1024 x 4095 43.7 -> 32.1; every GAE, TD(lambda) and discounted-return cell faster or level. The prefix-sum kernel
-# (traces, prefix sums) faster up to 512 rows (128 x 4096 11.0 -> 8.2, 512 x 3600 14.1 -> 13.4) and slower in 1024
-# rows on 4 warps (1024 x 3600 22.3 -> 25.2, x 4096 23.7 -> 26.3; faster on 8, below). By the 50-call graph against rl-triton
-# (bench_peers_long_{base,oldlong}_d21f78b.md): GAE 512 x 4096 without truncations 17.8 -> 17.0 µs (rl-triton's
-# 13.5), with them 20.5 -> 17.2. At 3072 steps every kernel slower in 512-1000 rows (ablate_wide4096_38feaf5.md:
-# GAE 512 x 3072 22.3 -> 24.3, 1000 x 3072 37.8 -> 44.5). V-trace keeps its rows' bound (its 4096-step tiles take
-# 156-184 registers).
-# WIDE_LONG_T-step tiles take their warps at any number of rows (not 4 above WIDE_FEW_WARPS_ROWS), and GAE's take 16
-# (WIDE_TILE_WARPS) but in rows that do not hold their aligned window (T no multiple of 4 and T + 3 past the tile:
-# one element per load, ``_aligned_window``), which take WIDE_WARPS. H100, the 50-call graph
-# (benchmarks/results/h100/sweep_wide_long_100700f.md, every configuration checked against float64), 1024 rows:
-# TD(lambda) 1024 x 4096 29.1 -> 25.0 µs (4 -> 8 warps), 1024 x 3584 29.8 -> 22.8 (two 2048-step tiles on 4 warps
-# -> one 4096-step tile on 8), the traces 1024 x 4095 26.9 -> 22.1, 1024 x 3584 11.6 -> 10.8 (the 1024-row slowdown
-# of ablate_oldlong_d21f78b.md was its 4 warps); GAE's shifted mode on 16 warps 512 x 4096 17.0 -> 14.9, 1024 x 4096
-# 37.5 -> 30.2, 1024 x 3584 34.4 -> 28.2, 128 x 4096 5.9 -> 5.3, 16 x 2049 5.3 -> 4.8, but at 4095 steps slower than
-# on 8 (512 x 4095 20.2 -> 28.3; ablate_win2x_long16_100700f.md with next values, do_bench: 32.3 -> 41.2). Rows of
-# 3584 steps (7/8 of the tile) gain as those above: 512 x 3584 TD(lambda) 11.4 -> 10.8, the traces 6.4 -> 6.1.
-WIDE_LONG_T, WIDE_LONG_FULL_T = 4096, 3584
-WIDE_LONG_MAX_ROWS = {"_gae_fwd_kernel": 256, "_td_lambda_fwd_kernel": 256, "_prefix_sum_fwd_kernel": 256,
-                      "_vtrace_fwd_kernel": 128}
-WIDE_LONG_FULL_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_prefix_sum_fwd_kernel"})
+# At most WIDE_LONG_MAX_ROWS[kernel] rows of WIDE_MAX_T + 1 to WIDE_LONG_T steps (2049-4096; from LOOKBACK_MIN_T
+# steps only where the look-back does not take the rows) with float32 accumulation: one tile of WIDE_LONG_T steps
+# instead of two walked in turn. On their kernel's warps at any number of rows (not 4 above WIDE_FEW_WARPS_ROWS), GAE's
+# on 16 (WIDE_TILE_WARPS) but in rows that do not hold their aligned window (T no multiple of 4 and T + 3 past the
+# tile: one element per load, ``_aligned_window``), which take WIDE_WARPS. H100, do_bench µs:
+# - every row count for GAE, TD(lambda) and the prefix-sum kernel (ablate_full2049_0d9832c.md, against the rule
+#   before, which took the tile from 3584 steps above 256 rows): GAE 1000 x 2049 41.0 -> 30.7, 1000 x 3072 39.2 ->
+#   32.0, 1024 x 3500 56.0 -> 42.6, 512 x 2560 20.9 -> 18.0 (its shifted mode 23.1 -> 17.3), TD(lambda) 1024 x 3500
+#   45.3 -> 30.7, the traces 1000 x 2049 21.6 -> 16.6; every cell faster but the discounted return at 512 x 2049
+#   (15.1 -> 15.4). On 4 warps above 512 rows it was slower (ablate_wide4096_38feaf5.md: GAE 1000 x 3072 37.8 ->
+#   44.5; ablate_oldlong_d21f78b.md: the traces 1024 x 3600 22.3 -> 25.2).
+# - the warps (ablate_oldwarps_1d59d11.md, against 4 warps above 512 rows and GAE's on 8): GAE 1024 x 3584 43.8 ->
+#   35.6, 1000 x 4000 in its shifted mode 40.5 -> 34.0, 1024 x 4096 41.3 -> 34.4, 512 x 3584 25.2 -> 20.1; TD(lambda)
+#   1024 x 3584 36.2 -> 27.9; the traces 1024 x 4095 35.3 -> 31.1; level at 4095 steps in up to 512 rows, the
+#   discounted return 1024 x 4095 32.4 -> 34.2. The 50-call graph (sweep_wide_long_100700f.md, every configuration
+#   checked against float64): GAE's shifted mode on 16 warps against 8, 512 x 4096 17.0 -> 14.9, 1024 x 4096 34.2 ->
+#   30.2, 16 x 2049 5.5 -> 4.8, but at 4095 steps slower (512 x 4095 20.2 -> 28.3).
+# - V-trace (ablate_vtlong_db104d6.md): faster at 16-100 rows (16 x 4095 15.6 -> 12.2, 100 x 4095 18.5 -> 14.8),
+#   slower at 256 (256 x 3072 19.8 -> 23.9; its tiles take 156-184 registers), so up to 128 rows.
+#   retrace_discrete's 2048-step tiles take 196 registers already.
+# Against rl-triton by the 50-call graph (bench_peers_long_{base,oldwarps}_1d59d11.md): GAE 512 x 4096 without
+# truncations 17.1 -> 14.9 µs (rl-triton's 13.0), 1024 x 4096 35.7 -> 30.0 (31.3).
+WIDE_LONG_T = 4096
+WIDE_LONG_MAX_ROWS = {"_gae_fwd_kernel": WIDE_MAX_ROWS, "_td_lambda_fwd_kernel": WIDE_MAX_ROWS,
+                      "_prefix_sum_fwd_kernel": WIDE_MAX_ROWS, "_vtrace_fwd_kernel": 128}
 # Time-major storage (``[T, N, *F]`` with ``time_dim=0``, rsl_rl's): the rows of a step lie side by side, so tiles a
 # few steps wide over many rows read whole lines. Sequences of at most TIME_MAJOR_MAX_T steps whose time dimension
 # strides over at least TIME_MAJOR_MIN_ROWS rows (``layout.inner``), for the kernels in TIME_MAJOR_KERNELS: tiles of
@@ -814,8 +804,7 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
     - sequences of ``SHORT_MIN_T``-``SHORT_T`` steps in ``SHORT_BLOCK_R`` rows;
     - at most ``WIDE_MAX_ROWS`` rows of longer sequences one row per program, in tiles of up to ``WIDE_MAX_T`` steps
       on more warps (4 above ``WIDE_FEW_WARPS_ROWS`` rows); of up to ``WIDE_LONG_T`` steps in at most
-      ``WIDE_LONG_MAX_ROWS[kernel_name]`` rows, or for the kernels of ``WIDE_LONG_FULL_KERNELS`` in all of them from
-      ``WIDE_LONG_FULL_T`` steps on, on their warps at any number of rows.
+      ``WIDE_LONG_MAX_ROWS[kernel_name]`` rows, on their warps at any number of rows.
 
     Or, for long float32 sequences in too few rows to fill the GPU that way (from ``LOOKBACK_MANY_ROWS`` rows on,
     only from ``LOOKBACK_MANY_ROWS_MIN_T`` steps, but for the kernels in ``LOOKBACK_MANY_ROWS_SEGMENTS``), one
@@ -851,9 +840,8 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
     elif layout.T > MAX_BLOCK_T and layout.rows <= WIDE_MAX_ROWS:
         few_warps = layout.rows <= WIDE_FEW_WARPS_ROWS
         max_t = WIDE_MAX_T if few_warps else WIDE_4_WARPS_MAX_T.get(kernel_name, WIDE_MAX_T)
-        if (WIDE_MAX_T < layout.T <= WIDE_LONG_T and layout.acc_dtype == torch.float32
-                and (layout.rows <= WIDE_LONG_MAX_ROWS.get(kernel_name, 0)
-                     or layout.T >= WIDE_LONG_FULL_T and kernel_name in WIDE_LONG_FULL_KERNELS)):
+        if (WIDE_MAX_T < layout.T <= WIDE_LONG_T and layout.rows <= WIDE_LONG_MAX_ROWS.get(kernel_name, 0)
+                and layout.acc_dtype == torch.float32):
             max_t = WIDE_LONG_T
         if shifted:
             max_t = min(max_t, WIDE_SHIFTED_MAX_T.get(kernel_name, max_t))
@@ -1191,7 +1179,7 @@ _CONFIG_NAMES = frozenset({
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
     "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_4_WARPS_MAX_T", "WIDE_SHIFTED_MAX_T",
-    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_FULL_T", "WIDE_LONG_MAX_ROWS", "WIDE_LONG_FULL_KERNELS",
+    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_MAX_ROWS",
     "WARP_LOCAL_T",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
     "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS", "WINDOW_KERNELS", "WINDOW_MIN_CHUNKS",
