@@ -264,8 +264,13 @@ def _launch_config_oldwarps(layout, kernel_name=None, shifted=False):
     long_rows = max(_OLD_LONG_ROWS.get(kernel_name, 0),
                     _OLD_FULL_ROWS.get(kernel_name, 0) if layout.T >= 3585 else 0)
     block_t = _scan.WIDE_LONG_T if layout.rows <= long_rows else _scan.WIDE_MAX_T
-    warps = _scan.WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, _scan.WIDE_WARPS) if few_warps else 4
-    cfg.update(BLOCK_T=block_t, num_warps=_scan.WIDE_WARPS if few_warps and block_t == _scan.WIDE_LONG_T else warps)
+    if not few_warps:
+        warps = 4
+    elif block_t == _scan.WIDE_LONG_T:  # WIDE_TILE_WARPS named no 4096-step tiles then
+        warps = _scan.WIDE_WARPS
+    else:
+        warps = _scan.WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, _scan.WIDE_WARPS)
+    cfg.update(BLOCK_T=block_t, num_warps=warps)
     return cfg
 
 

@@ -847,11 +847,12 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
             max_t = min(max_t, WIDE_SHIFTED_MAX_T.get(kernel_name, max_t))
         block_t = min(_pow2(layout.T), max_t)
         block_r = 1
-        num_warps = 4
-        if few_warps or block_t == WIDE_LONG_T:
-            num_warps = WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, WIDE_WARPS)
         if block_t == WIDE_LONG_T and layout.T % 4 and layout.T + 3 > block_t:  # no aligned window: one-element loads
             num_warps = WIDE_WARPS
+        elif few_warps or block_t == WIDE_LONG_T:
+            num_warps = WIDE_TILE_WARPS.get(kernel_name, {}).get(block_t, WIDE_WARPS)
+        else:
+            num_warps = 4
     elif (kernel_name in TILE256_STAGES.get(layout.dtype.itemsize, ()) and layout.inner == 1
           and layout.T >= TILE256_MIN_T and layout.rows >= TILE256_MIN_ROWS):
         block_r, block_t, num_warps = TILE256_BLOCK_R, TILE256_T, TILE256_BLOCK_R
