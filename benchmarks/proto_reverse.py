@@ -1,0 +1,308 @@
+"""Prototype: reverse scans of one-row tiles without Triton's reverse scan, three ways.
+
+    python benchmarks/proto_reverse.py                                       # the default shapes, on the GPU
+    python benchmarks/proto_reverse.py --shapes 512x512,128x1024 --out benchmarks/results/h100
+    python benchmarks/proto_reverse.py --sass                                # sm_90 SASS counts, no GPU needed
+
+The scan kernels walk a reverse scan (GAE, TD(lambda), V-trace, the discounted return) over a tile loaded in time
+order and hand it to ``tl.associative_scan(..., reverse=True)``. Triton reverses the scan's two inputs and two
+outputs across the lanes for that, five butterfly shuffles per element and value, and in tiles whose row spans
+several warps (one row per program, 256-4096 steps: rl-triton's release cells 64 x 512 to 512 x 4096) the package
+keeps that reverse scan (``scan.scan_tile_enter`` flips only tiles of one warp per row). rl-triton instead addresses
+its loads and stores in reverse time order and scans forward: no shuffles to reverse, but one element per load
+instruction (descending addresses are not vectorized).
+
+A discounted return (``h_t = r_t + gamma (1 - d_t) h_(t+1)``: float32 rewards, bool done flags, one output) and GAE
+in its shifted input mode (``V(s_(t+1))`` read from the values one step on, the last one from a ``[B]`` tensor: two
+outputs) in one-row tiles of ``pow2(T)`` steps, three ways:
+
+- ``rev``: the tile in time order, 16-byte loads, Triton's reverse scan (the package's scheme). GAE's values one step
+  on: a second load one element on (one element per instruction), as ``scan.load_next_step`` in such tiles.
+- ``addr``: loads and stores at descending addresses, forward scan (rl-triton's scheme); the values one step on, a
+  second load at descending addresses.
+- ``flip4``: the tile as 4-step groups in descending time order, each group one 16-byte load in ascending order,
+  reversed within the thread (register renaming: ``tl.split`` and ``tl.join``), forward scan, and stored the same
+  way. GAE's values one step on: steps 1-3 of each group from the group itself; step 3's from the first value of the
+  group after it in time, one 4-byte load per group.
+
+Each is checked against the float64 torch path before it is timed (the 50-call CUDA graph, L2 warm, and do_bench,
+L2 flushed). Results: ``<out>/proto_reverse.json`` and ``.md``; ``--sass`` prints sm_90 instruction counts instead.
+T must be a multiple of 4 (rows that start on a 16-byte boundary). Nothing here is used by the package.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_triton_torchrl import kernels as K
+from rl_triton_torchrl.kernels.scan import _affine_combine_finite_a, _pow2
+
+GAMMA, LMBDA = 0.99, 0.95
+SHAPES = "64x512,128x1024,256x1024,512x512,512x2048,512x4096,1024x1024"
+MODES = {"rev": 0, "addr": 1, "flip4": 2}
+WARPS = {256: 4, 512: 8, 1024: 8, 2048: 8, 4096: 16}  # the package's warps for such tiles (launch_config)
+
+
+def _warps(mode: str, block_t: int) -> int:
+    """``WARPS``, but ``flip4`` at most one warp per 128 steps: 4 steps per thread, or its groups are replicated
+    across threads and Triton converts their layout through shared memory."""
+    return min(WARPS[block_t], block_t // 128) if mode == "flip4" else WARPS[block_t]
+
+
+@triton.jit
+def _flip4(x):
+    """[N, 4] with each row's 4 elements in reverse order: register renaming where a thread holds the 4."""
+    e, o = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))  # e[:, p] = x[:, 2p], o[:, p] = x[:, 2p + 1]
+    x0, x2 = tl.split(e)
+    x1, x3 = tl.split(o)
+    return tl.reshape(tl.join(tl.join(x3, x1), tl.join(x2, x0)), [x.shape[0], 4])
+
+
+@triton.jit
+def _join4(x0, x1, x2, x3):
+    """[N, 4] from its four columns."""
+    return tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), [x0.shape[0], 4])
+
+
+@triton.jit
+def _cols4(x):
+    """The four columns [N] of an [N, 4] tile."""
+    e, o = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))
+    x0, x2 = tl.split(e)
+    x1, x3 = tl.split(o)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _offsets(T, MODE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Time offsets and mask of the tile in scan order for ``addr`` ([BLOCK_T], descending) and ``rev`` ([BLOCK_T],
+    ascending); for ``flip4`` [BLOCK_T // 4, 4]: group g's 4 steps, ascending, the groups descending."""
+    if MODE == 2:
+        g = tl.arange(0, BLOCK_T // 4)
+        t = (T - 4 - 4 * g)[:, None] + tl.arange(0, 4)[None, :]
+        m = t >= 0
+    elif MODE == 1:
+        t = T - 1 - tl.arange(0, BLOCK_T)
+        m = t >= 0
+    else:
+        t = tl.arange(0, BLOCK_T)
+        m = t < T
+    return t, m
+
+
+@triton.jit
+def _load(ptr, t, m, MODE: tl.constexpr):
+    """A tile as float32 in scan order (``flip4``: reversed within each group, flattened)."""
+    x = tl.load(ptr + t, mask=m, other=0).to(tl.float32)
+    if MODE == 2:
+        x = tl.reshape(_flip4(x), [x.shape[0] * 4])
+    return x
+
+
+@triton.jit
+def _store(ptr, x, t, m, MODE: tl.constexpr):
+    """Stores a tile in scan order at the offsets of ``_offsets``."""
+    if MODE == 2:
+        x = _flip4(tl.reshape(x, [x.shape[0] // 4, 4]))
+    tl.store(ptr + t, x, mask=m)
+
+
+@triton.jit
+def _scan(a, b, MODE: tl.constexpr):
+    """The states of a tile in scan order, entering with 0 (reverse in time for every mode)."""
+    _, h = tl.associative_scan((a, b), 0, _affine_combine_finite_a, reverse=MODE == 0)
+    return h
+
+
+@triton.jit
+def _discounted_kernel(r_ptr, d_ptr, out_ptr, gamma, T, MODE: tl.constexpr, BLOCK_T: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * T
+    t, m = _offsets(T, MODE, BLOCK_T)
+    r = _load(r_ptr + row, t, m, MODE)
+    d = _load(d_ptr + row, t, m, MODE)
+    mm = _load_mask(m, MODE)
+    a = tl.where(mm, gamma * (1.0 - d), 1.0)
+    b = tl.where(mm, r, 0.0)
+    _store(out_ptr + row, _scan(a, b, MODE), t, m, MODE)
+
+
+@triton.jit
+def _load_mask(m, MODE: tl.constexpr):
+    """The mask in scan order, flat (``flip4``'s groups are whole: every mask element of a group is the same)."""
+    if MODE == 2:
+        m = tl.reshape(m, [m.shape[0] * 4])
+    return m
+
+
+@triton.jit
+def _gae_kernel(r_ptr, v_ptr, last_ptr, d_ptr, adv_ptr, vt_ptr, gamma, lmbda, T, MODE: tl.constexpr,
+                BLOCK_T: tl.constexpr):
+    pid = tl.program_id(0)
+    row = pid.to(tl.int64) * T
+    t, m = _offsets(T, MODE, BLOCK_T)
+    r = _load(r_ptr + row, t, m, MODE)
+    v = _load(v_ptr + row, t, m, MODE)
+    d = _load(d_ptr + row, t, m, MODE)
+    last = tl.load(last_ptr + pid).to(tl.float32)
+    if MODE == 2:  # values one step on: steps 1-3 of each group from it, step 3's from the group after it
+        g = tl.arange(0, BLOCK_T // 4)
+        v_on = tl.load(v_ptr + row + T - 4 * g, mask=(g > 0) & (T - 4 * g > 0), other=0).to(tl.float32)
+        v_on = tl.where(g == 0, last, v_on)
+        v4 = tl.reshape(v, [BLOCK_T // 4, 4])
+        v3, v2, v1, v0 = _cols4(v4)  # v4 is in scan order: column 0 the group's last step
+        nv = tl.reshape(_join4(v_on, v3, v2, v1), [BLOCK_T])
+    else:
+        tt = t + 1
+        nv = tl.load(v_ptr + row + tt, mask=m & (tt < T), other=0).to(tl.float32)
+        nv = tl.where(tt == T, last, nv)
+    mm = _load_mask(m, MODE)
+    delta = r + gamma * (1.0 - d) * nv - v
+    a = tl.where(mm, gamma * lmbda * (1.0 - d), 1.0)
+    b = tl.where(mm, delta, 0.0)
+    adv = _scan(a, b, MODE)
+    _store(adv_ptr + row, adv, t, m, MODE)
+    _store(vt_ptr + row, adv + v, t, m, MODE)
+
+
+def _launch_discounted(mode, r, d, out):
+    B, T = r.shape
+    BT = max(_pow2(T), 256)
+    _discounted_kernel[(B,)](r, d, out, GAMMA, T, MODE=MODES[mode], BLOCK_T=BT, num_warps=_warps(mode, BT))
+
+
+def _launch_gae(mode, r, v, last, d, adv, vt):
+    B, T = r.shape
+    BT = max(_pow2(T), 256)
+    _gae_kernel[(B,)](r, v, last, d, adv, vt, GAMMA, LMBDA, T, MODE=MODES[mode], BLOCK_T=BT, num_warps=_warps(mode, BT))
+
+
+def _inputs(B, T, device):
+    g = torch.Generator(device="cpu").manual_seed(B * 100003 + T)
+    r = torch.randn(B, T, generator=g)
+    v = torch.randn(B, T, generator=g)
+    last = torch.randn(B, generator=g)
+    d = torch.rand(B, T, generator=g) < 0.05
+    return [x.to(device) for x in (r, v, last, d)]
+
+
+def _calls(B, T, device):
+    """{(algorithm, impl): (call, outputs, reference outputs)}."""
+    r, v, last, d = _inputs(B, T, device)
+    ref_ret = K.discounted_return(r.double(), d, gamma=GAMMA, time_dim=-1, backend="torch")
+    ref_adv, ref_vt = K.gae(r.double(), v.double(), None, d, gamma=GAMMA, lmbda=LMBDA, time_dim=-1,
+                            last_state_value=last.double(), backend="torch")
+    calls = {}
+    for mode in MODES:
+        out = torch.full_like(r, float("nan"))
+        calls["discounted_return", mode] = (lambda mode=mode, out=out: _launch_discounted(mode, r, d, out)), [out], \
+            [ref_ret]
+        adv, vt = torch.full_like(r, float("nan")), torch.full_like(r, float("nan"))
+        calls["gae_shifted", mode] = (lambda mode=mode, adv=adv, vt=vt: _launch_gae(mode, r, v, last, d, adv, vt)), \
+            [adv, vt], [ref_adv, ref_vt]
+    out = [None]
+    calls["discounted_return", "package"] = (
+        (lambda: out.__setitem__(0, K.discounted_return(r, d, gamma=GAMMA, time_dim=-1))), out, [ref_ret])
+    out2 = [None, None]
+    calls["gae_shifted", "package"] = (
+        (lambda: out2.__setitem__(slice(None), K.gae(r, v, None, d, gamma=GAMMA, lmbda=LMBDA, time_dim=-1,
+                                                      last_state_value=last))), out2, [ref_adv, ref_vt])
+    return calls
+
+
+def _graph_us(fn, calls=50, reps=5):
+    """Device time per call of ``calls`` calls replayed in one CUDA graph (L2 warm), best of ``reps``."""
+    fn()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    best = float("inf")
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        best = min(best, e0.elapsed_time(e1) * 1e3 / calls)
+    return best
+
+
+def run(shapes, out_dir):
+    rows = []
+    for shape in shapes:
+        B, T = (int(v) for v in shape.split("x"))
+        assert T % 4 == 0, "rows must start on a 16-byte boundary (T a multiple of 4)"
+        for (algo, impl), (fn, outs, refs) in _calls(B, T, "cuda").items():
+            fn()
+            torch.cuda.synchronize()
+            err = max((o.double() - ref).abs().max().item() for o, ref in zip(outs, refs))
+            ok = err < 1e-3
+            row = {"algorithm": algo, "impl": impl, "B": B, "T": T, "max_err": err, "ok": ok}
+            if ok:
+                row["graph_us"] = _graph_us(fn)
+                row["do_bench_us"] = triton.testing.do_bench(fn, warmup=3, rep=10) * 1e3
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "commit": os.environ.get("BENCH_COMMIT", "?")}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "proto_reverse.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    lines = [f"# Prototype: reverse scans of one-row tiles ({env['gpu']})", "",
+             "Generated by `benchmarks/proto_reverse.py` (see its docstring); µs per call, float32, one row per "
+             f"program. {json.dumps(env)}", "",
+             "| algorithm | B | T | impl | graph (50 calls) | do_bench (L2 flushed) | max err |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['algorithm']} | {r['B']} | {r['T']} | {r['impl']} | {r.get('graph_us', float('nan')):.2f} | "
+                     f"{r.get('do_bench_us', float('nan')):.2f} | {r['max_err']:.1e} |")
+    (out_dir / "proto_reverse.md").write_text("\n".join(lines) + "\n")
+
+
+def sass(shapes):
+    """sm_90 SASS counts of each prototype kernel (no GPU: Triton's compiler behind a stand-in driver)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from triton.runtime import driver
+
+    import sass_sm90
+    from rl_triton_torchrl.kernels import _aot
+
+    driver.set_active(_aot._TargetDriver(90))
+    for shape in shapes:
+        B, T = (int(v) for v in shape.split("x"))
+        BT = max(_pow2(T), 256)
+        r, v, last, d = _inputs(B, T, "cpu")
+        for mode, code in MODES.items():
+            for name, kern, args in (("discounted_return", _discounted_kernel, (r, d, r, GAMMA, T)),
+                                     ("gae_shifted", _gae_kernel, (r, v, last, d, r, r, GAMMA, LMBDA, T))):
+                k = kern.warmup(*args, MODE=code, BLOCK_T=BT, num_warps=_warps(mode, BT), grid=(B,))
+                ops = sass_sm90.opcodes(sass_sm90.sass_of(k)[0])
+                print(f"{name:18s} {shape:10s} {mode:6s} total {sum(ops.values()):5d} "
+                      + " ".join(f"{op} {ops[op]}" for op in sass_sm90.COUNTED)
+                      + f" CVT {k.asm['ttgir'].count('ttg.convert_layout')}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=SHAPES)
+    p.add_argument("--out", default="benchmarks/results/proto_reverse")
+    p.add_argument("--sass", action="store_true", help="print sm_90 SASS instruction counts instead (no GPU)")
+    args = p.parse_args(argv)
+    shapes = args.shapes.split(",")
+    if args.sass:
+        sass(shapes)
+    else:
+        run(shapes, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()
