@@ -1,4 +1,4 @@
-"""Prototype: reverse scans of one-row tiles without Triton's reverse scan, three ways.
+"""Prototype: reverse scans without Triton's reverse scan, four ways.
 
     python benchmarks/proto_reverse.py                                       # the default shapes, on the GPU
     python benchmarks/proto_reverse.py --shapes 512x512,128x1024 --out benchmarks/results/h100
@@ -14,16 +14,19 @@ instruction (descending addresses are not vectorized).
 
 A discounted return (``h_t = r_t + gamma (1 - d_t) h_(t+1)``: float32 rewards, bool done flags, one output) and GAE
 in its shifted input mode (``V(s_(t+1))`` read from the values one step on, the last one from a ``[B]`` tensor: two
-outputs) in one-row tiles of ``pow2(T)`` steps, three ways:
+outputs) in one-row tiles of ``pow2(T)`` steps (rows of at most 128 steps: four to a program, one warp per row),
+four ways:
 
 - ``rev``: the tile in time order, 16-byte loads, Triton's reverse scan (the package's scheme). GAE's values one step
   on: a second load one element on (one element per instruction), as ``scan.load_next_step`` in such tiles.
 - ``addr``: loads and stores at descending addresses, forward scan (rl-triton's scheme); the values one step on, a
   second load at descending addresses.
+- ``gather``: the tile in time order, reversed with a gather before and after a forward scan (the package's scheme
+  for tiles of one warp per row, ``scan._reverse_columns``).
 - ``flip4``: the tile as 4-step groups in descending time order, each group one 16-byte load in ascending order,
   reversed within the thread (register renaming: ``tl.split`` and ``tl.join``), forward scan, and stored the same
-  way. GAE's values one step on: steps 1-3 of each group from the group itself; step 3's from the first value of the
-  group after it in time, one 4-byte load per group.
+  way. GAE's values one step on: for three steps of each group from the group itself, for its last step (in time)
+  from the first value of the group after it, one 4-byte load per group.
 
 Each is checked against the float64 torch path before it is timed (the 50-call CUDA graph, L2 warm, and do_bench,
 L2 flushed). Results: ``<out>/proto_reverse.json`` and ``.md``; ``--sass`` prints sm_90 instruction counts instead.
@@ -42,11 +45,11 @@ import triton
 import triton.language as tl
 
 from rl_triton_torchrl import kernels as K
-from rl_triton_torchrl.kernels.scan import _affine_combine_finite_a, _pow2
+from rl_triton_torchrl.kernels.scan import _affine_combine_finite_a, _pow2, _reverse_columns
 
 GAMMA, LMBDA = 0.99, 0.95
-SHAPES = "64x512,128x1024,256x1024,512x512,512x2048,512x4096,1024x1024"
-MODES = {"rev": 0, "addr": 1, "flip4": 2}
+SHAPES = "64x512,128x1024,256x1024,512x512,512x2048,512x4096,1024x1024,4096x128,16384x128,65536x128"
+MODES = {"rev": 0, "addr": 1, "flip4": 2, "gather": 3}
 WARPS = {256: 4, 512: 8, 1024: 8, 2048: 8, 4096: 16}  # the package's warps for such tiles (launch_config)
 
 
@@ -58,129 +61,153 @@ def _warps(mode: str, block_t: int) -> int:
 
 @triton.jit
 def _flip4(x):
-    """[N, 4] with each row's 4 elements in reverse order: register renaming where a thread holds the 4."""
-    e, o = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))  # e[:, p] = x[:, 2p], o[:, p] = x[:, 2p + 1]
-    x0, x2 = tl.split(e)
-    x1, x3 = tl.split(o)
-    return tl.reshape(tl.join(tl.join(x3, x1), tl.join(x2, x0)), [x.shape[0], 4])
+    """[K, 4] with each group's 4 elements in reverse order: register renaming where a thread holds the 4."""
+    x0, x1, x2, x3 = _cols4(x)
+    return _join4(x3, x2, x1, x0)
 
 
 @triton.jit
 def _join4(x0, x1, x2, x3):
-    """[N, 4] from its four columns."""
+    """[K, 4] from its four columns [K]."""
     return tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), [x0.shape[0], 4])
 
 
 @triton.jit
 def _cols4(x):
-    """The four columns [N] of an [N, 4] tile."""
-    e, o = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))
+    """The four columns [K] of a [K, 4] tile."""
+    e, o = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))  # e[:, p] = x[:, 2p], o[:, p] = x[:, 2p + 1]
     x0, x2 = tl.split(e)
     x1, x3 = tl.split(o)
     return x0, x1, x2, x3
 
 
 @triton.jit
-def _offsets(T, MODE: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Time offsets and mask of the tile in scan order for ``addr`` ([BLOCK_T], descending) and ``rev`` ([BLOCK_T],
-    ascending); for ``flip4`` [BLOCK_T // 4, 4]: group g's 4 steps, ascending, the groups descending."""
+def _offsets(T, n_rows, MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Element offsets and mask of the tile's rows in scan order: ``addr`` [BLOCK_R, BLOCK_T] descending in time,
+    ``rev`` and ``gather`` ascending; ``flip4`` [BLOCK_R * BLOCK_T // 4, 4]: row by row, the row's groups descending
+    in time, group g's 4 steps ascending (one dimension for rows and groups: with two, Triton's axis analysis finds
+    neither contiguous and may spread a warp's lanes over several rows). Also the rows' offsets and their mask:
+    [BLOCK_R], or for ``flip4`` [BLOCK_R * BLOCK_T // 4], each group's row."""
     if MODE == 2:
-        g = tl.arange(0, BLOCK_T // 4)
-        t = (T - 4 - 4 * g)[:, None] + tl.arange(0, 4)[None, :]
-        m = t >= 0
-    elif MODE == 1:
-        t = T - 1 - tl.arange(0, BLOCK_T)
-        m = t >= 0
+        k = tl.arange(0, BLOCK_R * BLOCK_T // 4)
+        g = k % (BLOCK_T // 4)
+        rows = tl.program_id(0) * BLOCK_R + k // (BLOCK_T // 4)
     else:
-        t = tl.arange(0, BLOCK_T)
-        m = t < T
-    return t, m
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_r = rows < n_rows
+    o_r = rows * T
+    if MODE == 2:
+        t = (T - 4 - 4 * g)[:, None] + tl.arange(0, 4)[None, :]
+        offs = o_r[:, None] + t
+        m = m_r[:, None] & (t >= 0)
+    elif MODE == 1:
+        t = (T - 1 - tl.arange(0, BLOCK_T))[None, :]
+        offs = o_r[:, None] + t
+        m = m_r[:, None] & (t >= 0)
+    else:
+        t = tl.arange(0, BLOCK_T)[None, :]
+        offs = o_r[:, None] + t
+        m = m_r[:, None] & (t < T)
+    return offs, m, o_r, m_r
 
 
 @triton.jit
-def _load(ptr, t, m, MODE: tl.constexpr):
-    """A tile as float32 in scan order (``flip4``: reversed within each group, flattened)."""
-    x = tl.load(ptr + t, mask=m, other=0).to(tl.float32)
+def _flat(x, BLOCK_R: tl.constexpr, MODE: tl.constexpr):
+    """A ``flip4`` tile [K, 4] as [BLOCK_R, BLOCK_T] in scan order; others as they are."""
     if MODE == 2:
-        x = tl.reshape(_flip4(x), [x.shape[0] * 4])
+        x = tl.reshape(x, [BLOCK_R, x.shape[0] * 4 // BLOCK_R])
     return x
 
 
 @triton.jit
-def _store(ptr, x, t, m, MODE: tl.constexpr):
+def _load(ptr, offs, m, MODE: tl.constexpr, BLOCK_R: tl.constexpr):
+    """A tile as float32 in scan order, [BLOCK_R, BLOCK_T] (``flip4``: reversed within each group, flattened)."""
+    x = tl.load(ptr + offs, mask=m, other=0).to(tl.float32)
+    if MODE == 2:
+        x = _flat(_flip4(x), BLOCK_R, MODE)
+    return x
+
+
+@triton.jit
+def _store(ptr, x, offs, m, MODE: tl.constexpr):
     """Stores a tile in scan order at the offsets of ``_offsets``."""
     if MODE == 2:
-        x = _flip4(tl.reshape(x, [x.shape[0] // 4, 4]))
-    tl.store(ptr + t, x, mask=m)
+        x = _flip4(tl.reshape(x, [x.shape[0] * x.shape[1] // 4, 4]))
+    tl.store(ptr + offs, x, mask=m)
 
 
 @triton.jit
 def _scan(a, b, MODE: tl.constexpr):
-    """The states of a tile in scan order, entering with 0 (reverse in time for every mode)."""
-    _, h = tl.associative_scan((a, b), 0, _affine_combine_finite_a, reverse=MODE == 0)
+    """The states of a tile in scan order, entering with 0 (reverse in time for every mode but ``gather``, whose
+    tiles are reversed with a gather before and after a forward scan)."""
+    if MODE == 3:
+        a = _reverse_columns(a)
+        b = _reverse_columns(b)
+    _, h = tl.associative_scan((a, b), 1, _affine_combine_finite_a, reverse=MODE == 0)
+    if MODE == 3:
+        h = _reverse_columns(h)
     return h
 
 
 @triton.jit
-def _discounted_kernel(r_ptr, d_ptr, out_ptr, gamma, T, MODE: tl.constexpr, BLOCK_T: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64) * T
-    t, m = _offsets(T, MODE, BLOCK_T)
-    r = _load(r_ptr + row, t, m, MODE)
-    d = _load(d_ptr + row, t, m, MODE)
-    mm = _load_mask(m, MODE)
+def _discounted_kernel(r_ptr, d_ptr, out_ptr, gamma, T, n_rows, MODE: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_T: tl.constexpr):
+    offs, m, _, _ = _offsets(T, n_rows, MODE, BLOCK_R, BLOCK_T)
+    r = _load(r_ptr, offs, m, MODE, BLOCK_R)
+    d = _load(d_ptr, offs, m, MODE, BLOCK_R)
+    mm = _flat(m, BLOCK_R, MODE)  # whole groups: every element of a group has the same mask
     a = tl.where(mm, gamma * (1.0 - d), 1.0)
     b = tl.where(mm, r, 0.0)
-    _store(out_ptr + row, _scan(a, b, MODE), t, m, MODE)
+    _store(out_ptr, _scan(a, b, MODE), offs, m, MODE)
 
 
 @triton.jit
-def _load_mask(m, MODE: tl.constexpr):
-    """The mask in scan order, flat (``flip4``'s groups are whole: every mask element of a group is the same)."""
-    if MODE == 2:
-        m = tl.reshape(m, [m.shape[0] * 4])
-    return m
-
-
-@triton.jit
-def _gae_kernel(r_ptr, v_ptr, last_ptr, d_ptr, adv_ptr, vt_ptr, gamma, lmbda, T, MODE: tl.constexpr,
-                BLOCK_T: tl.constexpr):
-    pid = tl.program_id(0)
-    row = pid.to(tl.int64) * T
-    t, m = _offsets(T, MODE, BLOCK_T)
-    r = _load(r_ptr + row, t, m, MODE)
-    v = _load(v_ptr + row, t, m, MODE)
-    d = _load(d_ptr + row, t, m, MODE)
-    last = tl.load(last_ptr + pid).to(tl.float32)
+def _gae_kernel(r_ptr, v_ptr, last_ptr, d_ptr, adv_ptr, vt_ptr, gamma, lmbda, T, n_rows, MODE: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+    offs, m, o_r, m_r = _offsets(T, n_rows, MODE, BLOCK_R, BLOCK_T)
+    r = _load(r_ptr, offs, m, MODE, BLOCK_R)
+    v = _load(v_ptr, offs, m, MODE, BLOCK_R)
+    d = _load(d_ptr, offs, m, MODE, BLOCK_R)
+    last = tl.load(last_ptr + o_r // T, mask=m_r, other=0).to(tl.float32)  # per row (flip4: per group)
     if MODE == 2:  # values one step on: steps 1-3 of each group from it, step 3's from the group after it
-        g = tl.arange(0, BLOCK_T // 4)
-        v_on = tl.load(v_ptr + row + T - 4 * g, mask=(g > 0) & (T - 4 * g > 0), other=0).to(tl.float32)
-        v_on = tl.where(g == 0, last, v_on)
-        v4 = tl.reshape(v, [BLOCK_T // 4, 4])
-        v3, v2, v1, v0 = _cols4(v4)  # v4 is in scan order: column 0 the group's last step
-        nv = tl.reshape(_join4(v_on, v3, v2, v1), [BLOCK_T])
+        g = tl.arange(0, BLOCK_R * BLOCK_T // 4) % (BLOCK_T // 4)
+        v_on = tl.load(v_ptr + o_r + T - 4 * g, mask=m_r & (g > 0) & (T - 4 * g > 0), other=0).to(tl.float32)
+        v_on = tl.where(g == 0, last, v_on)  # [K]
+        c0, c1, c2, c3 = _cols4(tl.reshape(v, [BLOCK_R * BLOCK_T // 4, 4]))  # scan order: c0 the group's last step
+        nv = _flat(_join4(v_on, c0, c1, c2), BLOCK_R, MODE)
     else:
-        tt = t + 1
-        nv = tl.load(v_ptr + row + tt, mask=m & (tt < T), other=0).to(tl.float32)
-        nv = tl.where(tt == T, last, nv)
-    mm = _load_mask(m, MODE)
+        t = offs - o_r[:, None]
+        nv = tl.load(v_ptr + offs + 1, mask=m & (t + 1 < T), other=0).to(tl.float32)
+        nv = tl.where(t + 1 == T, last[:, None], nv)
+    mm = _flat(m, BLOCK_R, MODE)
     delta = r + gamma * (1.0 - d) * nv - v
     a = tl.where(mm, gamma * lmbda * (1.0 - d), 1.0)
     b = tl.where(mm, delta, 0.0)
     adv = _scan(a, b, MODE)
-    _store(adv_ptr + row, adv, t, m, MODE)
-    _store(vt_ptr + row, adv + v, t, m, MODE)
+    _store(adv_ptr, adv, offs, m, MODE)
+    _store(vt_ptr, adv + v, offs, m, MODE)
+
+
+def _config(mode: str, T: int) -> dict:
+    """The tile and warps: rows of at most 128 steps four to a program on 4 warps (one warp per row, as the package
+    takes them), longer rows one to a program on ``_warps``."""
+    if T <= 128:
+        return {"BLOCK_R": 4, "BLOCK_T": 128, "num_warps": 4}
+    bt = max(_pow2(T), 256)
+    return {"BLOCK_R": 1, "BLOCK_T": bt, "num_warps": _warps(mode, bt)}
 
 
 def _launch_discounted(mode, r, d, out):
     B, T = r.shape
-    BT = max(_pow2(T), 256)
-    _discounted_kernel[(B,)](r, d, out, GAMMA, T, MODE=MODES[mode], BLOCK_T=BT, num_warps=_warps(mode, BT))
+    cfg = _config(mode, T)
+    _discounted_kernel[(triton.cdiv(B, cfg["BLOCK_R"]),)](r, d, out, GAMMA, T, B, MODE=MODES[mode], **cfg)
 
 
 def _launch_gae(mode, r, v, last, d, adv, vt):
     B, T = r.shape
-    BT = max(_pow2(T), 256)
-    _gae_kernel[(B,)](r, v, last, d, adv, vt, GAMMA, LMBDA, T, MODE=MODES[mode], BLOCK_T=BT, num_warps=_warps(mode, BT))
+    cfg = _config(mode, T)
+    _gae_kernel[(triton.cdiv(B, cfg["BLOCK_R"]),)](r, v, last, d, adv, vt, GAMMA, LMBDA, T, B, MODE=MODES[mode],
+                                                     **cfg)
 
 
 def _inputs(B, T, device):
@@ -279,12 +306,12 @@ def sass(shapes):
     driver.set_active(_aot._TargetDriver(90))
     for shape in shapes:
         B, T = (int(v) for v in shape.split("x"))
-        BT = max(_pow2(T), 256)
         r, v, last, d = _inputs(B, T, "cpu")
         for mode, code in MODES.items():
-            for name, kern, args in (("discounted_return", _discounted_kernel, (r, d, r, GAMMA, T)),
-                                     ("gae_shifted", _gae_kernel, (r, v, last, d, r, r, GAMMA, LMBDA, T))):
-                k = kern.warmup(*args, MODE=code, BLOCK_T=BT, num_warps=_warps(mode, BT), grid=(B,))
+            cfg = _config(mode, T)
+            for name, kern, args in (("discounted_return", _discounted_kernel, (r, d, r, GAMMA, T, B)),
+                                     ("gae_shifted", _gae_kernel, (r, v, last, d, r, r, GAMMA, LMBDA, T, B))):
+                k = kern.warmup(*args, MODE=code, **cfg, grid=(triton.cdiv(B, cfg["BLOCK_R"]),))
                 ops = sass_sm90.opcodes(sass_sm90.sass_of(k)[0])
                 print(f"{name:18s} {shape:10s} {mode:6s} total {sum(ops.values()):5d} "
                       + " ".join(f"{op} {ops[op]}" for op in sass_sm90.COUNTED)
