@@ -11,9 +11,11 @@ import os
 import pytest
 import torch
 
-from _algos import TABLE
+from _algos import TABLE, make_rollout
 from rl_triton_torchrl.kernels import scan
-from test_launch_modes import _compare, _layout, _spy_launches
+from test_launch_modes import _compare, _layout, _offset_storage, _spy_launches
+from test_shifted import check as shifted_check
+from test_shifted import with_last_value
 
 pytestmark = [pytest.mark.triton,
               pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
@@ -110,6 +112,48 @@ def test_nearly_full_4096_step_tiles_match_reference(algo, kernel, T, monkeypatc
     cfg = scan.launch_config(_layout((3, T, 1)), kernel)
     assert (cfg["BLOCK_T"], cfg["LOOKBACK"]) == (scan.WIDE_LONG_T, 0)
     _compare(algo, (3, T, 1), "random", seed=T, with_state=True)
+
+
+@pytest.mark.parametrize("storage", [None, _offset_storage], ids=["aligned", "offset"])
+@pytest.mark.parametrize("shape,dtype", [((2, 512, 1), torch.float32), ((3, 1000, 1), torch.float32),
+                                         ((2, 2048, 1), torch.float32), ((2, 3000, 1), torch.float32),
+                                         ((2, 5008, 1), torch.float64), ((2, 1024, 1), torch.bfloat16)])
+@pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
+                                         ("td_lambda_adv_vt", "_td_lambda_fwd_kernel"),
+                                         ("discounted", "_td_lambda_fwd_kernel"), ("td1", "_td_lambda_fwd_kernel")])
+def test_descending_tiles_match_reference(algo, kernel, shape, dtype, storage, monkeypatch):
+    """Reverse scans' one-row tiles held in scan order (``DESCENDING``: 4-step groups reversed in their threads, a
+    forward scan) wherever the rule gives them (at least 4 steps per thread), with carried states, in one chunk per
+    row and in several (float64: 2048-step tiles); rows one element off their 16-byte boundaries
+    (``_offset_storage``) keep their tiles in time order."""
+    seen = _spy_launches(monkeypatch, "DESCENDING")
+    _compare(algo, shape, "random", seed=shape[1], with_state=True, dtype=dtype, storage=storage)
+    expected = bool(scan.launch_config(_layout(shape, dtype), kernel).get("DESCENDING")) and storage is None
+    assert seen and all(bool(d) == expected for d in seen), seen
+
+
+def test_descending_tiles_where_the_rule_gives_them():
+    """GAE's and TD(lambda)'s one-row tiles of at least 4 steps per thread (not TD(lambda)'s 512 steps on 8 warps),
+    and no other kernel's or tile's."""
+    def descending(shape, kernel):
+        return scan.launch_config(_layout(shape), kernel).get("DESCENDING", False)
+    assert descending((2, 512, 1), "_gae_fwd_kernel") and not descending((2, 512, 1), "_td_lambda_fwd_kernel")
+    assert descending((3, 1000, 1), "_td_lambda_fwd_kernel") and descending((512, 2048, 1), "_gae_fwd_kernel")
+    assert descending((2, 3000, 1), "_td_lambda_fwd_kernel")  # one 4096-step tile on 8 warps
+    assert descending((2, 3000, 1), "_gae_fwd_kernel")  # on 16
+    assert not descending((4096, 512, 1), "_gae_fwd_kernel")  # rows of 128-step tiles
+    assert "DESCENDING" not in scan.launch_config(_layout((3, 1000, 1)), "_vtrace_fwd_kernel")
+
+
+@pytest.mark.parametrize("storage", [None, _offset_storage], ids=["aligned", "offset"])
+@pytest.mark.parametrize("T", [1000, 2048])
+def test_descending_tiles_shifted_gae(T, storage, monkeypatch):
+    """GAE's shifted mode in ``DESCENDING`` tiles: each group's next values from the group and one load per group
+    (``scan._next_in_groups``)."""
+    seen = _spy_launches(monkeypatch, "DESCENDING")
+    x = with_last_value(make_rollout((3, T, 1), -2, "random", seed=T), -2)
+    shifted_check("gae", x if storage is None else storage(x), "triton", output_final_state=True)
+    assert seen and all(bool(d) == (storage is None) for d in seen), seen
 
 
 @pytest.mark.parametrize("shape", [(64, 4096, 1), (512, 8192, 1), (512, 20000, 1)])

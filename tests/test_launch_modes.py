@@ -209,8 +209,8 @@ def test_offset_types(algo, mode, offsets, monkeypatch):
 
 
 def _spy_launches(monkeypatch, name: str) -> list:
-    """The kernel argument ``name`` of every plain launch from now on, in a list (launch plans read their arguments
-    through the spied launcher too)."""
+    """The kernel argument ``name`` of every plain launch from now on (None where a kernel has no such argument),
+    in a list (launch plans read their arguments through the spied launcher too)."""
     seen = []
     launcher = scan.launcher
 
@@ -222,7 +222,7 @@ def _spy_launches(monkeypatch, name: str) -> list:
             return getattr(self.lean, attr)
 
         def __call__(self, grid, num_warps, maxnreg=None, **kwargs):
-            seen.append(kwargs[name])
+            seen.append(kwargs.get(name))  # None: a kernel without that parameter
             return self.lean(grid, num_warps, maxnreg, **kwargs)
 
     monkeypatch.setattr(scan, "launcher", Spy)

@@ -200,6 +200,12 @@ WIDE_LONG_MAX_ROWS = {"_gae_fwd_kernel": WIDE_MAX_ROWS, "_td_lambda_fwd_kernel":
 # 4096 x 24 or x 128 are faster with the tiles below; T = 32 and the other kernels were not swept.
 TIME_MAJOR_MIN_ROWS, TIME_MAJOR_MAX_T, TIME_MAJOR_BLOCK_R, TIME_MAJOR_BLOCK_T = 65536, 32, 32, 4
 TIME_MAJOR_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel"})
+# Reverse scans whose one-row tiles hold at least 4 steps per thread hold them in scan order (``chunk``'s
+# ``DESCENDING``): each 4-step group one 16-byte access, reversed in its thread, and a forward scan, instead of
+# Triton's reverse scan (sm_90 SASS, benchmarks/results/sm90_sass/proto_reverse.md: the discounted return at
+# 512 x 2048 368 -> 288 instructions, 131 -> 22 shuffles; GAE's shifted mode 520 -> 392). Where the rows start on
+# 16-byte boundaries (``_descending``).
+DESCENDING_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel"})
 # Contiguous rows of at most CONSTANT_MAX_T steps whose length is no multiple of 16 are compiled for their length
 # (``_constant_length``): vector loads and stores where Triton would otherwise emit 4-byte ones (sm_90 SASS of GAE:
 # 65536 x 24 624 -> 272 instructions, 4096 x 1000 448 -> 272). One compiled kernel per such length; longer
@@ -341,7 +347,7 @@ def ticket_chunk(ticket, n_rows, n_chunks):
 
 @triton.jit
 def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constexpr, LOOKBACK: tl.constexpr,
-          WINDOW: tl.constexpr, INT64: tl.constexpr):
+          WINDOW: tl.constexpr, INT64: tl.constexpr, DESCENDING: tl.constexpr = False):
     """The i_c-th chunk in scan order: time indices (of the offsets' type), the tile mask [BLOCK_R, BLOCK_T] and the
     tile's window ``w`` for ``load_tile`` and ``store_tile``.
 
@@ -358,6 +364,12 @@ def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constex
     loads can be vector loads). Without ``WINDOW`` it is ``(m,)``, which the loads and stores ignore. (Whether a
     chunk has a window is the tuple's length: a constexpr inside a tuple a JIT function returns reaches the caller as
     a tensor, so it could not tell them apart at compile time.)
+
+    With ``DESCENDING`` (a reverse scan's one-row tiles, ``launch_config``) the tile holds the chunk in scan order,
+    time descending along it: o_t [1, BLOCK_T] from the chunk's last step down, and ``w`` the chunk's 4-step groups
+    (``_groups``), through which ``load_tile`` and ``store_tile`` move the tile in 16-byte accesses and reverse each
+    group within its thread. The scan is then a forward one (``scan_tile`` with ``REVERSE`` off): no reversal across
+    lanes (Triton's reverse scan: five butterfly shuffles per element and value), and no gather.
     """
     if LOOKBACK:
         BLOCK_R: tl.constexpr = m_r.shape[0]
@@ -365,6 +377,12 @@ def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constex
                + (tl.arange(0, BLOCK_R) * BLOCK_T)[:, None] + tl.arange(0, BLOCK_T)[None, :])
         m = m_r[:, None] & (o_t < T)
         w = (m,)
+    elif DESCENDING:
+        t_end = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + BLOCK_T  # the step after the chunk
+        o_t = (t_end - 1 - tl.arange(0, BLOCK_T))[None, :]
+        m = m_r[:, None] & (o_t < T)
+        t4 = (t_end - 4 - 4 * tl.arange(0, BLOCK_T // 4))[:, None] + tl.arange(0, 4)[None, :]  # [BLOCK_T // 4, 4]
+        w = (t4, m_r[:, None] & (t4 < T))
     elif WINDOW:
         o_c = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + tl.arange(0, BLOCK_T)  # [BLOCK_T] columns
         a_o = o_o * T // 4 * 4  # [BLOCK_R] the 16-byte boundary at or before each row (in this form, provably)
@@ -403,12 +421,15 @@ def _tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w=None):
     along time (in such a launch every such tensor has the layout's contiguous strides ``(T, 1, 1)``, compile-time
     constants; the rest are broadcast along time, ``s_t`` 0) is addressed as the window's aligned row start plus its
     column: the same elements, in the form Triton proves aligned."""
-    if w is not None:
-        if len(w) == 3:
-            if s_t == 1:
-                a_o, o_c, _ = w
-                return base + a_o[:, None] + o_c[None, :]
-    return base + (o_o * s_o + o_i * s_i)[:, None] + o_t * s_t
+    if w is None:
+        return base + (o_o * s_o + o_i * s_i)[:, None] + o_t * s_t
+    elif len(w) == 2:  # a DESCENDING chunk's 4-step groups [BLOCK_T // 4, 4] of its one row
+        return base + (o_o * s_o + o_i * s_i)[:, None] + w[0] * s_t
+    elif len(w) == 3 and s_t == 1:
+        a_o, o_c, _ = w
+        return base + a_o[:, None] + o_c[None, :]
+    else:
+        return base + (o_o * s_o + o_i * s_i)[:, None] + o_t * s_t
 
 
 @triton.jit
@@ -424,6 +445,8 @@ def load_tile(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr, w=None):
                 _, _, m_ld = w
                 b_x = tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=m_ld, other=0).to(ACC)
                 return tl.where(m, b_x, 0)
+        if len(w) == 2:
+            return _ungroup(tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=w[1], other=0).to(ACC))
     return tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i), mask=m, other=0).to(ACC)
 
 
@@ -461,7 +484,47 @@ def load_coef(base, value, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr, I
 def store_tile(base, b_x, o_o, o_i, o_t, T, inner, m, w=None):
     """Stores a tile into a contiguous output of shape (outer, T, inner), casting to its dtype; ``w`` as for
     ``load_tile`` (the stores keep the exact mask: the rest of a group belongs to the neighbouring rows)."""
+    if w is not None:
+        if len(w) == 2:
+            b_x = _group(b_x)
+            m = w[1]
     tl.store(_tile_ptrs(base, o_o, o_i, o_t, T * inner, inner, 1, w), b_x.to(base.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _columns4(x):
+    """The four columns [K] of a [K, 4] tile: register renaming where a thread holds each row (as the 16-byte
+    accesses of a ``DESCENDING`` chunk's groups lay them out)."""
+    e, o = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))  # e[:, p] = x[:, 2p], o[:, p] = x[:, 2p + 1]
+    x0, x2 = tl.split(e)
+    x1, x3 = tl.split(o)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _join4(x0, x1, x2, x3):
+    """The [K, 4] tile of four columns [K]."""
+    return tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), [x0.shape[0], 4])
+
+
+@triton.jit
+def _reverse4(x):
+    """[K, 4] with each row's 4 elements in reverse order."""
+    x0, x1, x2, x3 = _columns4(x)
+    return _join4(x3, x2, x1, x0)
+
+
+@triton.jit
+def _ungroup(x):
+    """A ``DESCENDING`` chunk's groups [BLOCK_T // 4, 4], as loaded (time ascending within each), as the tile
+    [1, BLOCK_T] in scan order."""
+    return tl.reshape(_reverse4(x), [1, x.shape[0] * 4])
+
+
+@triton.jit
+def _group(b_x):
+    """The inverse of ``_ungroup``: a tile [1, BLOCK_T] in scan order as its groups, time ascending within each."""
+    return _reverse4(tl.reshape(b_x, [b_x.shape[1] // 4, 4]))
 
 
 @triton.jit
@@ -515,7 +578,7 @@ def next_column(b_x, b_last):
 
 @triton.jit
 def load_next_step(base, b_x, b_x_after, o_o, o_i, o_t, s_o, s_t, s_i, m, T, ACC: tl.constexpr,
-                   IN_TILE: tl.constexpr, LOOKBACK: tl.constexpr, OWN_LOAD: tl.constexpr = False):
+                   IN_TILE: tl.constexpr, LOOKBACK: tl.constexpr, OWN_LOAD: tl.constexpr = False, w=None):
     """A reverse scan's tile ``b_x`` one step on along time [BLOCK_R, BLOCK_T] (0 at t = T - 1), and the
     ``b_x_after`` [BLOCK_R] of the next chunk in scan order (the chunk before this one in time).
 
@@ -535,7 +598,13 @@ def load_next_step(base, b_x, b_x_after, o_o, o_i, o_t, s_o, s_t, s_i, m, T, ACC
     memory in such tiles): one load serving both drew the tile's arithmetic into the gather's layout (sm_90 at
     512 x 512, one row per program: 64 -> 163 registers, 13 -> 39 barriers, 80 and 13 with its own load; H100
     512 x 2048 17.7 -> 35 µs, benchmarks/results/h100/bench_peers_vtrace_7bee9fb.md).
+
+    ``w``: the chunk's window. A ``DESCENDING`` chunk (``chunk``) takes three of each 4-step group's next values
+    from the group itself and the fourth, the first value of the group after it, in one 4-byte load per group.
     """
+    if w is not None:
+        if len(w) == 2:
+            return _next_in_groups(base, b_x, o_o, o_i, s_o, s_t, s_i, T, ACC, w), b_x_after
     if IN_TILE and (not LOOKBACK) and b_x.shape[1] == WARP_LOCAL_T:
         b_next = next_column(b_x, b_x_after)
         b_x_after = edge_column(b_x, True)
@@ -544,6 +613,17 @@ def load_next_step(base, b_x, b_x_after, o_o, o_i, o_t, s_o, s_t, s_i, m, T, ACC
     else:
         b_next = load_tile(base, o_o, o_i, o_t + 1, s_o, s_t, s_i, m & (o_t + 1 < T), ACC)
     return b_next, b_x_after
+
+
+@triton.jit
+def _next_in_groups(base, b_x, o_o, o_i, s_o, s_t, s_i, T, ACC: tl.constexpr, w):
+    """``load_next_step`` of a ``DESCENDING`` chunk: the tile [1, BLOCK_T] (scan order) one step on along time."""
+    x0, x1, x2, _ = _columns4(tl.reshape(b_x, [b_x.shape[1] // 4, 4]))  # scan order: x0 each group's last step
+    t_first, _, _, _ = _columns4(w[0])  # [BLOCK_T // 4] each group's first step (the groups ascend in time)
+    m_first, _, _, _ = _columns4(w[1])
+    t_on = t_first + 4  # the first step of the group after it
+    x_on = tl.load(base + o_o * s_o + o_i * s_i + t_on * s_t, mask=m_first & (t_on < T), other=0).to(ACC)
+    return tl.reshape(_join4(x_on, x0, x1, x2), [1, b_x.shape[1]])
 
 
 @triton.jit
@@ -865,6 +945,8 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
         "NUM_STAGES": stages,
         "LOOKBACK": 0,
     }
+    if kernel_name in DESCENDING_KERNELS:
+        cfg["DESCENDING"] = block_r == 1 and block_t >= 4 * 32 * num_warps and layout.inner == 1
     if block_t == WARP_LOCAL_T and layout.acc_dtype == torch.float32:
         if layout.T > block_t and kernel_name in PIPELINE_KERNELS:  # several chunks per row
             cfg["NUM_STAGES"] = PIPELINE_STAGES
@@ -1007,6 +1089,16 @@ def _aligned_window(layout: Layout, cfg: dict, kernel_name: str, fixed_t: bool, 
     return all(x.element_size() <= 4 and x.data_ptr() % 16 == 0 for x in tensors)
 
 
+def _descending(layout: Layout, cfg: dict, fixed_t: bool, strides: list, tensors) -> bool:
+    """Whether a launch that ``launch_config`` gives ``DESCENDING`` tiles takes them: rows without an aligned window
+    that start on 16-byte boundaries the compiler can prove (T a multiple of 16, or of 4 and compiled for its
+    length), every input contiguous along time or broadcast along it, and every tensor ``tensors`` 16-byte aligned.
+    Elsewhere the groups' accesses would be one element each, and Triton would move every tile through shared memory
+    to reverse its groups."""
+    return (not cfg["WINDOW"] and (layout.T % 16 == 0 or (fixed_t and layout.T % 4 == 0))
+            and all(st[1] in (0, 1) for st in strides) and all(x.data_ptr() % 16 == 0 for x in tensors))
+
+
 def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict | None = None,
            initial_state=None, output_final_state: bool = False, finite_a: bool = False, **constexprs):
     """Launches an algorithm kernel over ``layout``; returns the final-state buffer (or None).
@@ -1109,6 +1201,8 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     stepping = [x for x, (_, s_t, _) in zip(inputs.values(), strides) if s_t] + list(outputs.values())
     cfg["WINDOW"] = _aligned_window(layout, cfg, lean.name, fixed_t, stepping)
     cfg["ONE_CHUNK"] = _one_chunk(layout, cfg)
+    if lean.name in DESCENDING_KERNELS:  # every launch of such a kernel passes it (look-back chunks: False)
+        cfg["DESCENDING"] = cfg.get("DESCENDING", False) and _descending(layout, cfg, fixed_t, strides, stepping)
     lb = None
     if cfg["LOOKBACK"]:  # the ticket counter and three status words per chunk, all zero
         lb = torch.zeros(1 + 3 * grid[0], dtype=torch.int64, device=layout.device)
@@ -1180,7 +1274,7 @@ _CONFIG_NAMES = frozenset({
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
     "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_4_WARPS_MAX_T", "WIDE_SHIFTED_MAX_T",
-    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_MAX_ROWS",
+    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_MAX_ROWS", "DESCENDING_KERNELS",
     "WARP_LOCAL_T",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
     "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS", "WINDOW_KERNELS", "WINDOW_MIN_CHUNKS",

@@ -52,13 +52,13 @@ def _td_lambda_fwd_kernel(
     HAS_NEXT_VALUE: tl.constexpr, HAS_VALUE: tl.constexpr, STORE_ADVANTAGE: tl.constexpr, SAME_FLAGS: tl.constexpr,
     DONE_OR_TERMINATED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, DESCENDING: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64, ONE_CHUNK)
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
+        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64, DESCENDING)
         b_r = load_tile(r_ptr, o_o, o_i, o_t, s_r_o, s_r_t, s_r_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         b_d = load_tile(d_ptr, o_o, o_i, o_t, s_d_o, s_d_t, s_d_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
         if SAME_FLAGS:  # one tensor serves as done and terminated: read once
@@ -78,7 +78,7 @@ def _td_lambda_fwd_kernel(
         b_g = load_coef(gamma_ptr, gamma, o_o, o_i, o_t, s_gamma_o, s_gamma_t, s_gamma_i, m, ACC, GAMMA_TENSOR)
         b_l = load_coef(lmbda_ptr, lmbda, o_o, o_i, o_t, s_lmbda_o, s_lmbda_t, s_lmbda_i, m, ACC, LMBDA_TENSOR)
         b_a, b_b = _td_lambda_coefficients(b_r, b_nv, 1.0 - b_d, 1.0 - b_term, b_g, b_l)
-        b_ret, b_h = scan_tile(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK,
+        b_ret, b_h = scan_tile(b_a, b_b, b_h, m, not DESCENDING, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK,
                                STORE_FINAL_STATE)
         if HAS_VALUE:
             b_v = load_tile(v_ptr, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, ACC, w)
