@@ -340,9 +340,9 @@ PATCHES = {
     "oldlong": {"launch_config": _launch_config_oldlong},
     "win2x": {"launch_config": _launch_config_win2x},
     "oldwarps": {"launch_config": _launch_config_oldwarps},
-    # reverse scans' one-row tiles in time order and Triton's reverse scan, as before DESCENDING tiles
-    # (scan.DESCENDING_KERNELS: GAE and TD(lambda) on main)
-    "ascending": {"DESCENDING_KERNELS": frozenset()},
+    # reverse scans' one-row tiles in time order and Triton's reverse scan, as before DESCENDING tiles (GAE's and
+    # TD(lambda)'s, scan.DESCENDING_KERNELS; the kernels still take the flag, now always False)
+    "ascending": {"_descending": lambda *args: False},
     # one-row tiles of WIDE_LONG_T steps on 16 warps where they take few rows' warps (scan.WIDE_TILE_WARPS; main
     # at 100700f: 8)
     "long16": {"WIDE_TILE_WARPS": {k: {**_scan.WIDE_TILE_WARPS.get(k, {}), _scan.WIDE_LONG_T: 16}
