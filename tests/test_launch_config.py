@@ -118,31 +118,28 @@ def test_nearly_full_4096_step_tiles_match_reference(algo, kernel, T, monkeypatc
 @pytest.mark.parametrize("shape,dtype", [((2, 512, 1), torch.float32), ((3, 1000, 1), torch.float32),
                                          ((2, 2048, 1), torch.float32), ((2, 3000, 1), torch.float32),
                                          ((2, 5008, 1), torch.float64), ((2, 1024, 1), torch.bfloat16)])
-@pytest.mark.parametrize("algo,kernel", [("gae", "_gae_fwd_kernel"), ("td_lambda", "_td_lambda_fwd_kernel"),
-                                         ("td_lambda_adv_vt", "_td_lambda_fwd_kernel"),
-                                         ("discounted", "_td_lambda_fwd_kernel"), ("td1", "_td_lambda_fwd_kernel")])
-def test_descending_tiles_match_reference(algo, kernel, shape, dtype, storage, monkeypatch):
+@pytest.mark.parametrize("algo", ["gae", "td_lambda", "td_lambda_adv_vt", "discounted", "td1"])
+def test_descending_tiles_match_reference(algo, shape, dtype, storage, monkeypatch):
     """Reverse scans' one-row tiles held in scan order (``DESCENDING``: 4-step groups reversed in their threads, a
-    forward scan) wherever the rule gives them (at least 4 steps per thread), with carried states, in one chunk per
-    row and in several (float64: 2048-step tiles); rows one element off their 16-byte boundaries
-    (``_offset_storage``) keep their tiles in time order."""
+    forward scan), with carried states, in one chunk per row (3000 steps: one 4096-step tile, its tail masked) and
+    in several (float64: 2048-step tiles); rows one element off their 16-byte boundaries (``_offset_storage``) keep
+    their tiles in time order, and so do the TD(lambda) kernel's 512-step tiles (8 warps: 2 steps per thread)."""
     seen = _spy_launches(monkeypatch, "DESCENDING")
     _compare(algo, shape, "random", seed=shape[1], with_state=True, dtype=dtype, storage=storage)
-    expected = bool(scan.launch_config(_layout(shape, dtype), kernel).get("DESCENDING")) and storage is None
-    assert seen and all(bool(d) == expected for d in seen), seen
+    expected = storage is None and (algo == "gae" or shape[1] != 512)
+    assert seen and all(d is expected for d in seen), seen
 
 
-def test_descending_tiles_where_the_rule_gives_them():
-    """GAE's and TD(lambda)'s one-row tiles of at least 4 steps per thread (not TD(lambda)'s 512 steps on 8 warps),
-    and no other kernel's or tile's."""
-    def descending(shape, kernel):
-        return scan.launch_config(_layout(shape), kernel).get("DESCENDING", False)
-    assert descending((2, 512, 1), "_gae_fwd_kernel") and not descending((2, 512, 1), "_td_lambda_fwd_kernel")
-    assert descending((3, 1000, 1), "_td_lambda_fwd_kernel") and descending((512, 2048, 1), "_gae_fwd_kernel")
-    assert descending((2, 3000, 1), "_td_lambda_fwd_kernel")  # one 4096-step tile on 8 warps
-    assert descending((2, 3000, 1), "_gae_fwd_kernel")  # on 16
-    assert not descending((4096, 512, 1), "_gae_fwd_kernel")  # rows of 128-step tiles
-    assert "DESCENDING" not in scan.launch_config(_layout((3, 1000, 1)), "_vtrace_fwd_kernel")
+@pytest.mark.parametrize("shape", [(6, 512, 1), (3, 1000, 11), (3, 1001, 1)], ids=["rows4", "inner11", "T1001"])
+def test_descending_tiles_only_in_one_row_tiles_of_aligned_rows(shape, monkeypatch):
+    """Not in tiles of several rows (6 rows stand in for more than WIDE_MAX_ROWS), nor over time-major rows or rows no
+    multiple of 4 steps long (aligned windows or one-element loads), nor in another kernel (V-trace has no such
+    flag)."""
+    monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 4)
+    seen = _spy_launches(monkeypatch, "DESCENDING")
+    for algo in ("gae", "discounted", "vtrace"):
+        _compare(algo, shape, "random", seed=1, with_state=False)
+    assert seen and not any(seen), seen
 
 
 @pytest.mark.parametrize("storage", [None, _offset_storage], ids=["aligned", "offset"])

@@ -201,10 +201,10 @@ WIDE_LONG_MAX_ROWS = {"_gae_fwd_kernel": WIDE_MAX_ROWS, "_td_lambda_fwd_kernel":
 TIME_MAJOR_MIN_ROWS, TIME_MAJOR_MAX_T, TIME_MAJOR_BLOCK_R, TIME_MAJOR_BLOCK_T = 65536, 32, 32, 4
 TIME_MAJOR_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel"})
 # Reverse scans whose one-row tiles hold at least 4 steps per thread hold them in scan order (``chunk``'s
-# ``DESCENDING``): each 4-step group one 16-byte access, reversed in its thread, and a forward scan, instead of
-# Triton's reverse scan (sm_90 SASS, benchmarks/results/sm90_sass/proto_reverse.md: the discounted return at
-# 512 x 2048 368 -> 288 instructions, 131 -> 22 shuffles; GAE's shifted mode 520 -> 392). Where the rows start on
-# 16-byte boundaries (``_descending``).
+# ``DESCENDING``, where ``launch``'s ``_descending`` finds the rows aligned): each 4-step group one 16-byte access,
+# reversed in its thread, and a forward scan, instead of Triton's reverse scan (sm_90 SASS of the kernels, 512 x 2048:
+# GAE 560 -> 496 instructions, 172 -> 24 shuffles, 5 -> 1 barriers; the discounted return 464 -> 392;
+# benchmarks/results/sm90_sass/descending.md).
 DESCENDING_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel"})
 # Contiguous rows of at most CONSTANT_MAX_T steps whose length is no multiple of 16 are compiled for their length
 # (``_constant_length``): vector loads and stores where Triton would otherwise emit 4-byte ones (sm_90 SASS of GAE:
@@ -365,7 +365,7 @@ def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constex
     chunk has a window is the tuple's length: a constexpr inside a tuple a JIT function returns reaches the caller as
     a tensor, so it could not tell them apart at compile time.)
 
-    With ``DESCENDING`` (a reverse scan's one-row tiles, ``launch_config``) the tile holds the chunk in scan order,
+    With ``DESCENDING`` (a reverse scan's one-row tiles: ``launch``'s ``_descending``) the tile holds the chunk in scan order,
     time descending along it: o_t [1, BLOCK_T] from the chunk's last step down, and ``w`` the chunk's 4-step groups
     (``_groups``), through which ``load_tile`` and ``store_tile`` move the tile in 16-byte accesses and reverse each
     group within its thread. The scan is then a forward one (``scan_tile`` with ``REVERSE`` off): no reversal across
@@ -945,8 +945,6 @@ def launch_config(layout: Layout, kernel_name: str | None = None, shifted: bool 
         "NUM_STAGES": stages,
         "LOOKBACK": 0,
     }
-    if kernel_name in DESCENDING_KERNELS:
-        cfg["DESCENDING"] = block_r == 1 and block_t >= 4 * 32 * num_warps and layout.inner == 1
     if block_t == WARP_LOCAL_T and layout.acc_dtype == torch.float32:
         if layout.T > block_t and kernel_name in PIPELINE_KERNELS:  # several chunks per row
             cfg["NUM_STAGES"] = PIPELINE_STAGES
@@ -1089,13 +1087,15 @@ def _aligned_window(layout: Layout, cfg: dict, kernel_name: str, fixed_t: bool, 
     return all(x.element_size() <= 4 and x.data_ptr() % 16 == 0 for x in tensors)
 
 
-def _descending(layout: Layout, cfg: dict, fixed_t: bool, strides: list, tensors) -> bool:
-    """Whether a launch that ``launch_config`` gives ``DESCENDING`` tiles takes them: rows without an aligned window
-    that start on 16-byte boundaries the compiler can prove (T a multiple of 16, or of 4 and compiled for its
-    length), every input contiguous along time or broadcast along it, and every tensor ``tensors`` 16-byte aligned.
-    Elsewhere the groups' accesses would be one element each, and Triton would move every tile through shared memory
-    to reverse its groups."""
-    return (not cfg["WINDOW"] and (layout.T % 16 == 0 or (fixed_t and layout.T % 4 == 0))
+def _descending(layout: Layout, cfg: dict, num_warps: int, fixed_t: bool, strides: list, tensors) -> bool:
+    """Whether a launch of a kernel in ``DESCENDING_KERNELS`` holds its tiles in scan order (``chunk``): one-row
+    tiles (not look-back chunks, nor aligned windows) of at least 4 steps per thread, over batch-major rows that start
+    on 16-byte boundaries the compiler can prove (T a multiple of 16, or of 4 and compiled for its length), every
+    input contiguous along time or broadcast along it, and every tensor ``tensors`` 16-byte aligned. Elsewhere the
+    groups' accesses would be one element each, or their 4 steps in several threads, and Triton would move every tile
+    through shared memory to reverse its groups."""
+    return (cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and not cfg["WINDOW"] and layout.inner == 1
+            and cfg["BLOCK_T"] >= 4 * 32 * num_warps and (layout.T % 16 == 0 or (fixed_t and layout.T % 4 == 0))
             and all(st[1] in (0, 1) for st in strides) and all(x.data_ptr() % 16 == 0 for x in tensors))
 
 
@@ -1201,8 +1201,8 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     stepping = [x for x, (_, s_t, _) in zip(inputs.values(), strides) if s_t] + list(outputs.values())
     cfg["WINDOW"] = _aligned_window(layout, cfg, lean.name, fixed_t, stepping)
     cfg["ONE_CHUNK"] = _one_chunk(layout, cfg)
-    if lean.name in DESCENDING_KERNELS:  # every launch of such a kernel passes it (look-back chunks: False)
-        cfg["DESCENDING"] = cfg.get("DESCENDING", False) and _descending(layout, cfg, fixed_t, strides, stepping)
+    if lean.name in DESCENDING_KERNELS:
+        cfg["DESCENDING"] = _descending(layout, cfg, num_warps, fixed_t, strides, stepping)
     lb = None
     if cfg["LOOKBACK"]:  # the ticket counter and three status words per chunk, all zero
         lb = torch.zeros(1 + 3 * grid[0], dtype=torch.int64, device=layout.device)
