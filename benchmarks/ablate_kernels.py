@@ -343,6 +343,9 @@ PATCHES = {
     # reverse scans' one-row tiles in time order and Triton's reverse scan, as before DESCENDING tiles (GAE's and
     # TD(lambda)'s, scan.DESCENDING_KERNELS; the kernels still take the flag, now always False)
     "ascending": {"_descending": lambda *args: False},
+    # the TD(lambda) kernel's 512-step one-row tiles on 8 warps (2 steps per thread: in time order), as before
+    # scan.WIDE_TILE_WARPS gave them 4 (DESCENDING)
+    "td512w8": {"WIDE_TILE_WARPS": {k: v for k, v in _scan.WIDE_TILE_WARPS.items() if k != "_td_lambda_fwd_kernel"}},
     # one-row tiles of WIDE_LONG_T steps on 16 warps where they take few rows' warps (scan.WIDE_TILE_WARPS; main
     # at 100700f: 8)
     "long16": {"WIDE_TILE_WARPS": {k: {**_scan.WIDE_TILE_WARPS.get(k, {}), _scan.WIDE_LONG_T: 16}

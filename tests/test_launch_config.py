@@ -59,7 +59,9 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
     ("_prefix_sum_fwd_kernel", (512, 512, 1), 4), ("_prefix_sum_fwd_kernel", (512, 2048, 1), 8),
     ("_gae_fwd_kernel", (64, 300, 1), 4), ("_gae_fwd_kernel", (512, 2048, 1), 8),
     ("_vtrace_fwd_kernel", (512, 2048, 1), 16), ("_vtrace_fwd_kernel", (64, 512, 1), 8),
-    ("_vtrace_fwd_kernel", (16, 3000, 1), 8), ("_td_lambda_fwd_kernel", (512, 512, 1), 8),
+    ("_vtrace_fwd_kernel", (16, 3000, 1), 8),
+    # the TD(lambda) kernel's 512-step tiles on 4 warps: 4 steps per thread, DESCENDING
+    ("_td_lambda_fwd_kernel", (512, 512, 1), 4),
     ("_gae_fwd_kernel", (16, 2049, 1), 16), ("_td_lambda_fwd_kernel", (16, 2049, 1), 8),
     # above WIDE_FEW_WARPS_ROWS rows every kernel's one-row tiles take 4 warps, but WIDE_LONG_T-step ones
     ("_prefix_sum_fwd_kernel", (1000, 512, 1), 4), ("_vtrace_fwd_kernel", (1000, 2048, 1), 4),
@@ -123,10 +125,10 @@ def test_descending_tiles_match_reference(algo, shape, dtype, storage, monkeypat
     """Reverse scans' one-row tiles held in scan order (``DESCENDING``: 4-step groups reversed in their threads, a
     forward scan), with carried states, in one chunk per row (3000 steps: one 4096-step tile, its tail masked) and
     in several (float64: 2048-step tiles); rows one element off their 16-byte boundaries (``_offset_storage``) keep
-    their tiles in time order, and so do the TD(lambda) kernel's 512-step tiles (8 warps: 2 steps per thread)."""
+    their tiles in time order."""
     seen = _spy_launches(monkeypatch, "DESCENDING")
     _compare(algo, shape, "random", seed=shape[1], with_state=True, dtype=dtype, storage=storage)
-    expected = storage is None and (algo == "gae" or shape[1] != 512)
+    expected = storage is None
     assert seen and all(d is expected for d in seen), seen
 
 

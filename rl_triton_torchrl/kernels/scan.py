@@ -165,7 +165,7 @@ WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_4_WARPS_MAX_T = {"_vtrace_fwd_kernel": 1024}
 WIDE_SHIFTED_MAX_T = {"_vtrace_fwd_kernel": 2048}
 WIDE_TILE_WARPS = {"_prefix_sum_fwd_kernel": {512: 4}, "_gae_fwd_kernel": {512: 4, 4096: 16},
-                   "_vtrace_fwd_kernel": {2048: 16}}
+                   "_td_lambda_fwd_kernel": {512: 4}, "_vtrace_fwd_kernel": {2048: 16}}
 # At most WIDE_LONG_MAX_ROWS[kernel] rows of WIDE_MAX_T + 1 to WIDE_LONG_T steps (2049-4096; from LOOKBACK_MIN_T
 # steps only where the look-back does not take the rows) with float32 accumulation: one tile of WIDE_LONG_T steps
 # instead of two walked in turn. On their kernel's warps at any number of rows (not 4 above WIDE_FEW_WARPS_ROWS), GAE's
