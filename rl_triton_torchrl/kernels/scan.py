@@ -365,11 +365,12 @@ def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constex
     chunk has a window is the tuple's length: a constexpr inside a tuple a JIT function returns reaches the caller as
     a tensor, so it could not tell them apart at compile time.)
 
-    With ``DESCENDING`` (a reverse scan's one-row tiles: ``launch``'s ``_descending``) the tile holds the chunk in scan order,
-    time descending along it: o_t [1, BLOCK_T] from the chunk's last step down, and ``w`` the chunk's 4-step groups
-    (``_groups``), through which ``load_tile`` and ``store_tile`` move the tile in 16-byte accesses and reverse each
-    group within its thread. The scan is then a forward one (``scan_tile`` with ``REVERSE`` off): no reversal across
-    lanes (Triton's reverse scan: five butterfly shuffles per element and value), and no gather.
+    With ``DESCENDING`` (a reverse scan's one-row tiles: ``launch``'s ``_descending``) the tile holds the chunk in
+    scan order, time descending along it: o_t [1, BLOCK_T] from the chunk's last step down, and ``w`` the time
+    indices of the chunk's 4-step groups [BLOCK_T // 4, 4] (ascending within each group) with their mask, through
+    which ``load_tile`` and ``store_tile`` move the tile in 16-byte accesses and reverse each group within its thread
+    (``_ungroup``, ``_group``). The scan is then a forward one (``scan_tile`` with ``REVERSE`` off): no reversal
+    across lanes (Triton's reverse scan: five butterfly shuffles per element and value), and no gather.
     """
     if LOOKBACK:
         BLOCK_R: tl.constexpr = m_r.shape[0]
