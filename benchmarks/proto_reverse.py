@@ -3,6 +3,7 @@
     python benchmarks/proto_reverse.py                                       # the default shapes, on the GPU
     python benchmarks/proto_reverse.py --shapes 512x512,128x1024 --out benchmarks/results/h100
     python benchmarks/proto_reverse.py --sass                                # sm_90 SASS counts, no GPU needed
+    python benchmarks/proto_reverse.py --smoke --out /tmp/proto       # tiny shapes on the CPU (tests the script)
 
 The scan kernels walk a reverse scan (GAE, TD(lambda), V-trace, the discounted return) over a tile loaded in time
 order and hand it to ``tl.associative_scan(..., reverse=True)``. Triton reverses the scan's two inputs and two
@@ -42,12 +43,15 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
-from _common import graph_time_us
-from rl_triton_torchrl import kernels as K
-from rl_triton_torchrl.kernels.scan import _affine_combine_finite_a, _pow2, _reverse_columns
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and "--sass" not in sys.argv:  # before triton is imported: the interpreter runs --smoke
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from rl_triton_torchrl import kernels as K  # noqa: E402
+from rl_triton_torchrl.kernels.scan import _affine_combine_finite_a, _pow2, _reverse_columns  # noqa: E402
 
 GAMMA, LMBDA = 0.99, 0.95
 SHAPES = "64x512,128x1024,256x1024,512x512,512x2048,512x4096,1024x1024,4096x128,16384x128,65536x128"
@@ -245,24 +249,29 @@ def _calls(B, T, device):
     return calls
 
 
-def run(shapes, out_dir):
+def run(shapes, out_dir, smoke=False):
+    """Checks every kernel of every shape against float64, then times it (``smoke``: on the CPU through Triton's
+    interpreter, nothing timed)."""
     rows = []
     for shape in shapes:
         B, T = (int(v) for v in shape.split("x"))
         assert T % 4 == 0, "rows must start on a 16-byte boundary (T a multiple of 4)"
-        for (algo, impl), (fn, outs, refs) in _calls(B, T, "cuda").items():
+        for (algo, impl), (fn, outs, refs) in _calls(B, T, DEVICE).items():
             fn()
-            torch.cuda.synchronize()
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
             err = max((o.double() - ref).abs().max().item() for o, ref in zip(outs, refs))
             ok = err < 1e-3
             row = {"algorithm": algo, "impl": impl, "B": B, "T": T, "max_err": err, "ok": ok}
-            if ok:
+            if ok and not smoke:
+                from _common import graph_time_us
+
                 row["graph_us"] = graph_time_us(fn, calls=50, reps=5)
                 row["do_bench_us"] = triton.testing.do_bench(fn, warmup=3, rep=10) * 1e3
             rows.append(row)
             print(json.dumps(row), flush=True)
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "commit": os.environ.get("BENCH_COMMIT", "?")}
+    env = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "none (--smoke)", "torch": torch.__version__,
+           "triton": triton.__version__, "commit": os.environ.get("BENCH_COMMIT", "?")}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "proto_reverse.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
     lines = [f"# Prototype: reverse scans of one-row tiles ({env['gpu']})", "",
@@ -305,12 +314,14 @@ def main(argv=None):
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--out", default="benchmarks/results/proto_reverse")
     p.add_argument("--sass", action="store_true", help="print sm_90 SASS instruction counts instead (no GPU)")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, checked, nothing timed: tests the "
+                                                        "script")
     args = p.parse_args(argv)
-    shapes = args.shapes.split(",")
+    shapes = "3x256,2x260,5x128,3x100".split(",") if args.smoke else args.shapes.split(",")
     if args.sass:
         sass(shapes)
     else:
-        run(shapes, Path(args.out))
+        run(shapes, Path(args.out), args.smoke)
 
 
 if __name__ == "__main__":

@@ -417,6 +417,17 @@ def test_proto_lookback_smoke(tmp_path):
     assert max(r["err"] for r in protos) < 1e-5
 
 
+@pytest.mark.triton
+def test_proto_reverse_smoke(tmp_path):
+    """benchmarks/proto_reverse.py: the discounted return and GAE's shifted mode in each of the four reverse-scan
+    schemes and the package's functions, one-row tiles and rows of 128 steps four to a program, each right against
+    the float64 torch path."""
+    _run(["proto_reverse.py", "--smoke", "--out", str(tmp_path)], tmp_path)
+    rows = json.loads((tmp_path / "proto_reverse.json").read_text())["rows"]
+    assert len(rows) == 4 * 2 * 5 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    assert {r["impl"] for r in rows} == {"rev", "addr", "flip4", "gather", "package"}
+
+
 def test_failure_log_keeps_each_failure_as_it_happens(tmp_path, monkeypatch):
     """``$PYTEST_FAILURE_LOG`` (``h200_session.sh``'s whole-suite step sets it): conftest appends each failure's
     traceback at once, in the reporting process only, and nothing for a pass or without the variable."""
