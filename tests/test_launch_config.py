@@ -119,24 +119,25 @@ def test_nearly_full_4096_step_tiles_match_reference(algo, kernel, T, monkeypatc
 @pytest.mark.parametrize("storage", [None, _offset_storage], ids=["aligned", "offset"])
 @pytest.mark.parametrize("shape,dtype", [((2, 512, 1), torch.float32), ((3, 1000, 1), torch.float32),
                                          ((2, 2048, 1), torch.float32), ((2, 3000, 1), torch.float32),
+                                         ((3, 1025, 1), torch.float32), ((2, 2049, 1), torch.float32),
                                          ((2, 5008, 1), torch.float64), ((2, 1024, 1), torch.bfloat16)])
 @pytest.mark.parametrize("algo", ["gae", "td_lambda", "td_lambda_adv_vt", "discounted", "td1"])
 def test_descending_tiles_match_reference(algo, shape, dtype, storage, monkeypatch):
     """Reverse scans' one-row tiles held in scan order (``DESCENDING``: 4-step groups reversed in their threads, a
     forward scan), with carried states, in one chunk per row (3000 steps: one 4096-step tile, its tail masked) and
-    in several (float64: 2048-step tiles); rows one element off their 16-byte boundaries (``_offset_storage``) keep
-    their tiles in time order."""
+    in several (float64: 2048-step tiles), over aligned windows (1025 and 2049 steps: rows no multiple of 4 long);
+    rows one element off their 16-byte boundaries (``_offset_storage``) keep their tiles in time order."""
     seen = _spy_launches(monkeypatch, "DESCENDING")
     _compare(algo, shape, "random", seed=shape[1], with_state=True, dtype=dtype, storage=storage)
     expected = storage is None
     assert seen and all(d is expected for d in seen), seen
 
 
-@pytest.mark.parametrize("shape", [(6, 512, 1), (3, 1000, 11), (3, 1001, 1)], ids=["rows4", "inner11", "T1001"])
+@pytest.mark.parametrize("shape", [(6, 512, 1), (3, 1000, 11), (3, 1023, 1)], ids=["rows4", "inner11", "T1023"])
 def test_descending_tiles_only_in_one_row_tiles_of_aligned_rows(shape, monkeypatch):
-    """Not in tiles of several rows (6 rows stand in for more than WIDE_MAX_ROWS), nor over time-major rows or rows no
-    multiple of 4 steps long (aligned windows or one-element loads), nor in another kernel (V-trace has no such
-    flag)."""
+    """Not in tiles of several rows (6 rows stand in for more than WIDE_MAX_ROWS), nor over time-major rows or rows
+    whose loads are one element each (1023 steps: no aligned window in a 1024-step tile), nor in another kernel
+    (V-trace has no such flag)."""
     monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 4)
     seen = _spy_launches(monkeypatch, "DESCENDING")
     for algo in ("gae", "discounted", "vtrace"):
@@ -145,7 +146,7 @@ def test_descending_tiles_only_in_one_row_tiles_of_aligned_rows(shape, monkeypat
 
 
 @pytest.mark.parametrize("storage", [None, _offset_storage], ids=["aligned", "offset"])
-@pytest.mark.parametrize("T", [1000, 2048])
+@pytest.mark.parametrize("T", [1000, 1025, 2048])
 def test_descending_tiles_shifted_gae(T, storage, monkeypatch):
     """GAE's shifted mode in ``DESCENDING`` tiles: each group's next values from the group and one load per group
     (``scan._next_in_groups``)."""

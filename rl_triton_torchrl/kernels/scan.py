@@ -369,7 +369,8 @@ def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constex
     scan order, time descending along it: o_t [1, BLOCK_T] from the chunk's last step down, and ``w`` the time
     indices of the chunk's 4-step groups [BLOCK_T // 4, 4] (ascending within each group) with their mask, through
     which ``load_tile`` and ``store_tile`` move the tile in 16-byte accesses and reverse each group within its thread
-    (``_ungroup``, ``_group``). The scan is then a forward one (``scan_tile`` with ``REVERSE`` off): no reversal
+    (``_ungroup``, ``_group``); with ``WINDOW`` too, the groups of the row's window (``w``: also the window's start,
+    columns and load mask). The scan is then a forward one (``scan_tile`` with ``REVERSE`` off): no reversal
     across lanes (Triton's reverse scan: five butterfly shuffles per element and value), and no gather.
     """
     if LOOKBACK:
@@ -379,11 +380,21 @@ def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constex
         m = m_r[:, None] & (o_t < T)
         w = (m,)
     elif DESCENDING:
-        t_end = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + BLOCK_T  # the step after the chunk
-        o_t = (t_end - 1 - tl.arange(0, BLOCK_T))[None, :]
-        m = m_r[:, None] & (o_t < T)
-        t4 = (t_end - 4 - 4 * tl.arange(0, BLOCK_T // 4))[:, None] + tl.arange(0, 4)[None, :]  # [BLOCK_T // 4, 4]
-        w = (t4, m_r[:, None] & (t4 < T))
+        c_end = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + BLOCK_T  # the column after the chunk
+        c4 = (c_end - 4 - 4 * tl.arange(0, BLOCK_T // 4))[:, None] + tl.arange(0, 4)[None, :]  # [BLOCK_T // 4, 4]
+        o_c = (c_end - 1 - tl.arange(0, BLOCK_T))[None, :]  # [1, BLOCK_T] the columns in scan order
+        if WINDOW:  # the columns of the row's window (see above), its steps t = column - shift
+            a_o = o_o * T // 4 * 4
+            shift = (o_o * T - a_o)[:, None]  # [1, 1]
+            o_t = o_c - shift
+            t4 = c4 - shift
+            m = m_r[:, None] & (o_t >= 0) & (o_t < T)
+            m_ld = m_r[:, None] & (c4 < (shift + T + 3) // 4 * 4)
+            w = (t4, m_r[:, None] & (t4 >= 0) & (t4 < T), a_o, c4, m_ld)
+        else:
+            o_t = o_c
+            m = m_r[:, None] & (o_t < T)
+            w = (c4, m_r[:, None] & (c4 < T))
     elif WINDOW:
         o_c = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + tl.arange(0, BLOCK_T)  # [BLOCK_T] columns
         a_o = o_o * T // 4 * 4  # [BLOCK_R] the 16-byte boundary at or before each row (in this form, provably)
@@ -426,6 +437,11 @@ def _tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w=None):
         return base + (o_o * s_o + o_i * s_i)[:, None] + o_t * s_t
     elif len(w) == 2:  # a DESCENDING chunk's 4-step groups [BLOCK_T // 4, 4] of its one row
         return base + (o_o * s_o + o_i * s_i)[:, None] + w[0] * s_t
+    elif len(w) == 5:  # the same over an aligned window
+        if s_t == 1:
+            return base + w[2][:, None] + w[3]
+        else:
+            return base + (o_o * s_o + o_i * s_i)[:, None] + w[0] * s_t
     elif len(w) == 3 and s_t == 1:
         a_o, o_c, _ = w
         return base + a_o[:, None] + o_c[None, :]
@@ -448,6 +464,13 @@ def load_tile(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr, w=None):
                 return tl.where(m, b_x, 0)
         if len(w) == 2:
             return _ungroup(tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=w[1], other=0).to(ACC))
+        if len(w) == 5:
+            if s_t == 1:  # whole groups (vector loads), the steps outside the row zeroed after
+                b_x = tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=w[4], other=0).to(ACC)
+                return _ungroup(tl.where(w[1], b_x, 0))
+            else:
+                return _ungroup(tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=w[1],
+                                        other=0).to(ACC))
     return tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i), mask=m, other=0).to(ACC)
 
 
@@ -486,7 +509,7 @@ def store_tile(base, b_x, o_o, o_i, o_t, T, inner, m, w=None):
     """Stores a tile into a contiguous output of shape (outer, T, inner), casting to its dtype; ``w`` as for
     ``load_tile`` (the stores keep the exact mask: the rest of a group belongs to the neighbouring rows)."""
     if w is not None:
-        if len(w) == 2:
+        if len(w) == 2 or len(w) == 5:
             b_x = _group(b_x)
             m = w[1]
     tl.store(_tile_ptrs(base, o_o, o_i, o_t, T * inner, inner, 1, w), b_x.to(base.dtype.element_ty), mask=m)
@@ -604,7 +627,7 @@ def load_next_step(base, b_x, b_x_after, o_o, o_i, o_t, s_o, s_t, s_i, m, T, ACC
     from the group itself and the fourth, the first value of the group after it, in one 4-byte load per group.
     """
     if w is not None:
-        if len(w) == 2:
+        if len(w) == 2 or len(w) == 5:
             return _next_in_groups(base, b_x, o_o, o_i, s_o, s_t, s_i, T, ACC, w), b_x_after
     if IN_TILE and (not LOOKBACK) and b_x.shape[1] == WARP_LOCAL_T:
         b_next = next_column(b_x, b_x_after)
@@ -621,9 +644,9 @@ def _next_in_groups(base, b_x, o_o, o_i, s_o, s_t, s_i, T, ACC: tl.constexpr, w)
     """``load_next_step`` of a ``DESCENDING`` chunk: the tile [1, BLOCK_T] (scan order) one step on along time."""
     x0, x1, x2, _ = _columns4(tl.reshape(b_x, [b_x.shape[1] // 4, 4]))  # scan order: x0 each group's last step
     t_first, _, _, _ = _columns4(w[0])  # [BLOCK_T // 4] each group's first step (the groups ascend in time)
-    m_first, _, _, _ = _columns4(w[1])
+    _, _, _, m_last = _columns4(w[1])  # its last step is one of the row's
     t_on = t_first + 4  # the first step of the group after it
-    x_on = tl.load(base + o_o * s_o + o_i * s_i + t_on * s_t, mask=m_first & (t_on < T), other=0).to(ACC)
+    x_on = tl.load(base + o_o * s_o + o_i * s_i + t_on * s_t, mask=m_last & (t_on < T), other=0).to(ACC)
     return tl.reshape(_join4(x_on, x0, x1, x2), [1, b_x.shape[1]])
 
 
@@ -1090,13 +1113,14 @@ def _aligned_window(layout: Layout, cfg: dict, kernel_name: str, fixed_t: bool, 
 
 def _descending(layout: Layout, cfg: dict, num_warps: int, fixed_t: bool, strides: list, tensors) -> bool:
     """Whether a launch of a kernel in ``DESCENDING_KERNELS`` holds its tiles in scan order (``chunk``): one-row
-    tiles (not look-back chunks, nor aligned windows) of at least 4 steps per thread, over batch-major rows that start
-    on 16-byte boundaries the compiler can prove (T a multiple of 16, or of 4 and compiled for its length), every
-    input contiguous along time or broadcast along it, and every tensor ``tensors`` 16-byte aligned. Elsewhere the
-    groups' accesses would be one element each, or their 4 steps in several threads, and Triton would move every tile
-    through shared memory to reverse its groups."""
-    return (cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and not cfg["WINDOW"] and layout.inner == 1
-            and cfg["BLOCK_T"] >= 4 * 32 * num_warps and (layout.T % 16 == 0 or (fixed_t and layout.T % 4 == 0))
+    tiles (not look-back chunks) of at least 4 steps per thread, over batch-major rows that start on 16-byte
+    boundaries the compiler can prove (T a multiple of 16, or of 4 and compiled for its length) or in aligned
+    windows, every input contiguous along time or broadcast along it, and every tensor ``tensors`` 16-byte aligned.
+    Elsewhere the groups' accesses would be one element each, or their 4 steps in several threads, and Triton would
+    move every tile through shared memory to reverse its groups."""
+    aligned = cfg["WINDOW"] or layout.T % 16 == 0 or (fixed_t and layout.T % 4 == 0)
+    return (cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and layout.inner == 1 and aligned
+            and cfg["BLOCK_T"] >= 4 * 32 * num_warps
             and all(st[1] in (0, 1) for st in strides) and all(x.data_ptr() % 16 == 0 for x in tensors))
 
 
