@@ -206,6 +206,11 @@ TIME_MAJOR_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel"})
 # GAE 560 -> 496 instructions, 172 -> 24 shuffles, 5 -> 1 barriers; the discounted return 464 -> 392;
 # benchmarks/results/sm90_sass/descending.md).
 DESCENDING_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel"})
+# Over aligned windows only in tiles of at most this many steps, per kernel: GAE's windowed 4096-step tiles (16 warps)
+# were slower DESCENDING (H100, kernel µs: 512 x 2049 15.6 -> 18.2, 1000 x 2049 27.2 -> 32.9), its 2048-step ones
+# faster (1000 x 1025 16.2 -> 13.5), TD(lambda)'s faster in both (512 x 2049 14.0 -> 11.6;
+# benchmarks/results/h100/ablate_ascending_windows_5148608.md).
+DESCENDING_WINDOW_MAX_T = {"_gae_fwd_kernel": 2048}
 # Contiguous rows of at most CONSTANT_MAX_T steps whose length is no multiple of 16 are compiled for their length
 # (``_constant_length``): vector loads and stores where Triton would otherwise emit 4-byte ones (sm_90 SASS of GAE:
 # 65536 x 24 624 -> 272 instructions, 4096 x 1000 448 -> 272). One compiled kernel per such length; longer
@@ -1111,14 +1116,18 @@ def _aligned_window(layout: Layout, cfg: dict, kernel_name: str, fixed_t: bool, 
     return all(x.element_size() <= 4 and x.data_ptr() % 16 == 0 for x in tensors)
 
 
-def _descending(layout: Layout, cfg: dict, num_warps: int, fixed_t: bool, strides: list, tensors) -> bool:
+def _descending(layout: Layout, cfg: dict, kernel_name: str, num_warps: int, fixed_t: bool, strides: list,
+                tensors) -> bool:
     """Whether a launch of a kernel in ``DESCENDING_KERNELS`` holds its tiles in scan order (``chunk``): one-row
     tiles (not look-back chunks) of at least 4 steps per thread, over batch-major rows that start on 16-byte
     boundaries the compiler can prove (T a multiple of 16, or of 4 and compiled for its length) or in aligned
-    windows, every input contiguous along time or broadcast along it, and every tensor ``tensors`` 16-byte aligned.
+    windows (of at most ``DESCENDING_WINDOW_MAX_T`` steps for the kernels it names), every input contiguous along time or broadcast along it, and every tensor ``tensors`` 16-byte aligned.
     Elsewhere the groups' accesses would be one element each, or their 4 steps in several threads, and Triton would
     move every tile through shared memory to reverse its groups."""
-    aligned = cfg["WINDOW"] or layout.T % 16 == 0 or (fixed_t and layout.T % 4 == 0)
+    if cfg["WINDOW"]:
+        aligned = cfg["BLOCK_T"] <= DESCENDING_WINDOW_MAX_T.get(kernel_name, cfg["BLOCK_T"])
+    else:
+        aligned = layout.T % 16 == 0 or (fixed_t and layout.T % 4 == 0)
     return (cfg["BLOCK_R"] == 1 and not cfg["LOOKBACK"] and layout.inner == 1 and aligned
             and cfg["BLOCK_T"] >= 4 * 32 * num_warps
             and all(st[1] in (0, 1) for st in strides) and all(x.data_ptr() % 16 == 0 for x in tensors))
@@ -1227,7 +1236,7 @@ def launch(kernel, layout: Layout, *, inputs: dict, outputs: dict, coefs: dict |
     cfg["WINDOW"] = _aligned_window(layout, cfg, lean.name, fixed_t, stepping)
     cfg["ONE_CHUNK"] = _one_chunk(layout, cfg)
     if lean.name in DESCENDING_KERNELS:
-        cfg["DESCENDING"] = _descending(layout, cfg, num_warps, fixed_t, strides, stepping)
+        cfg["DESCENDING"] = _descending(layout, cfg, lean.name, num_warps, fixed_t, strides, stepping)
     lb = None
     if cfg["LOOKBACK"]:  # the ticket counter and three status words per chunk, all zero
         lb = torch.zeros(1 + 3 * grid[0], dtype=torch.int64, device=layout.device)
@@ -1299,7 +1308,7 @@ _CONFIG_NAMES = frozenset({
     "PIPELINE_STAGES", "PIPELINE_KERNELS", "TILE256_T", "TILE256_MIN_T", "TILE256_MIN_ROWS", "TILE256_BLOCK_R",
     "TILE256_STAGES", "LOOKBACK_WINDOW", "SHORT_MIN_T", "SHORT_T", "SHORT_BLOCK_R", "SHORT_WARPS",
     "WIDE_MAX_ROWS", "WIDE_MAX_T", "WIDE_WARPS", "WIDE_FEW_WARPS_ROWS", "WIDE_4_WARPS_MAX_T", "WIDE_SHIFTED_MAX_T",
-    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_MAX_ROWS", "DESCENDING_KERNELS",
+    "WIDE_TILE_WARPS", "WIDE_LONG_T", "WIDE_LONG_MAX_ROWS", "DESCENDING_KERNELS", "DESCENDING_WINDOW_MAX_T",
     "WARP_LOCAL_T",
     "CONSTANT_MAX_T", "INT32_MAX_OFFSET", "INT32_KERNELS", "TIME_MAJOR_MIN_ROWS", "TIME_MAJOR_MAX_T",
     "TIME_MAJOR_BLOCK_R", "TIME_MAJOR_BLOCK_T", "TIME_MAJOR_KERNELS", "WINDOW_KERNELS", "WINDOW_MIN_CHUNKS",
