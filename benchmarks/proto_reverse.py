@@ -51,7 +51,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from rl_triton_torchrl import kernels as K  # noqa: E402
-from rl_triton_torchrl.kernels.scan import _affine_combine_finite_a, _pow2, _reverse_columns  # noqa: E402
+from rl_triton_torchrl.kernels.scan import (  # noqa: E402 - helpers by name: Triton resolves a kernel's globals
+    _affine_combine_finite_a, _columns4, _join4, _pow2, _reverse4, _reverse_columns)
 
 GAMMA, LMBDA = 0.99, 0.95
 SHAPES = "64x512,128x1024,256x1024,512x512,512x2048,512x4096,1024x1024,4096x128,16384x128,65536x128"
@@ -63,28 +64,6 @@ def _warps(mode: str, block_t: int) -> int:
     """``WARPS``, but ``flip4`` at most one warp per 128 steps: 4 steps per thread, or its groups are replicated
     across threads and Triton converts their layout through shared memory."""
     return min(WARPS[block_t], block_t // 128) if mode == "flip4" else WARPS[block_t]
-
-
-@triton.jit
-def _flip4(x):
-    """[K, 4] with each group's 4 elements in reverse order: register renaming where a thread holds the 4."""
-    x0, x1, x2, x3 = _cols4(x)
-    return _join4(x3, x2, x1, x0)
-
-
-@triton.jit
-def _join4(x0, x1, x2, x3):
-    """[K, 4] from its four columns [K]."""
-    return tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), [x0.shape[0], 4])
-
-
-@triton.jit
-def _cols4(x):
-    """The four columns [K] of a [K, 4] tile."""
-    e, o = tl.split(tl.reshape(x, [x.shape[0], 2, 2]))  # e[:, p] = x[:, 2p], o[:, p] = x[:, 2p + 1]
-    x0, x2 = tl.split(e)
-    x1, x3 = tl.split(o)
-    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -130,7 +109,7 @@ def _load(ptr, offs, m, MODE: tl.constexpr, BLOCK_R: tl.constexpr):
     """A tile as float32 in scan order, [BLOCK_R, BLOCK_T] (``flip4``: reversed within each group, flattened)."""
     x = tl.load(ptr + offs, mask=m, other=0).to(tl.float32)
     if MODE == 2:
-        x = _flat(_flip4(x), BLOCK_R, MODE)
+        x = _flat(_reverse4(x), BLOCK_R, MODE)
     return x
 
 
@@ -138,7 +117,7 @@ def _load(ptr, offs, m, MODE: tl.constexpr, BLOCK_R: tl.constexpr):
 def _store(ptr, x, offs, m, MODE: tl.constexpr):
     """Stores a tile in scan order at the offsets of ``_offsets``."""
     if MODE == 2:
-        x = _flip4(tl.reshape(x, [x.shape[0] * x.shape[1] // 4, 4]))
+        x = _reverse4(tl.reshape(x, [x.shape[0] * x.shape[1] // 4, 4]))
     tl.store(ptr + offs, x, mask=m)
 
 
@@ -179,7 +158,7 @@ def _gae_kernel(r_ptr, v_ptr, last_ptr, d_ptr, adv_ptr, vt_ptr, gamma, lmbda, T,
         g = tl.arange(0, BLOCK_R * BLOCK_T // 4) % (BLOCK_T // 4)
         v_on = tl.load(v_ptr + o_r + T - 4 * g, mask=m_r & (g > 0) & (T - 4 * g > 0), other=0).to(tl.float32)
         v_on = tl.where(g == 0, last, v_on)  # [K]
-        c0, c1, c2, c3 = _cols4(tl.reshape(v, [BLOCK_R * BLOCK_T // 4, 4]))  # scan order: c0 the group's last step
+        c0, c1, c2, c3 = _columns4(tl.reshape(v, [BLOCK_R * BLOCK_T // 4, 4]))  # scan order: c0 the group's last step
         nv = _flat(_join4(v_on, c0, c1, c2), BLOCK_R, MODE)
     else:
         t = offs - o_r[:, None]

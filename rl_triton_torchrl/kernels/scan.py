@@ -388,9 +388,9 @@ def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constex
         c_end = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + BLOCK_T  # the column after the chunk
         c4 = (c_end - 4 - 4 * tl.arange(0, BLOCK_T // 4))[:, None] + tl.arange(0, 4)[None, :]  # [BLOCK_T // 4, 4]
         o_c = (c_end - 1 - tl.arange(0, BLOCK_T))[None, :]  # [1, BLOCK_T] the columns in scan order
-        if WINDOW:  # the columns of the row's window (see above), its steps t = column - shift
-            a_o = o_o * T // 4 * 4
-            shift = (o_o * T - a_o)[:, None]  # [1, 1]
+        if WINDOW:  # the columns of the row's window (see below), its steps t = column - shift
+            a_o, shift = _window_start(o_o, T)
+            shift = shift[:, None]  # [1, 1]
             o_t = o_c - shift
             t4 = c4 - shift
             m = m_r[:, None] & (o_t >= 0) & (o_t < T)
@@ -402,8 +402,7 @@ def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constex
             w = (c4, m_r[:, None] & (c4 < T))
     elif WINDOW:
         o_c = _chunk_start(i_c, n_chunks, BLOCK_T, REVERSE, INT64) + tl.arange(0, BLOCK_T)  # [BLOCK_T] columns
-        a_o = o_o * T // 4 * 4  # [BLOCK_R] the 16-byte boundary at or before each row (in this form, provably)
-        shift = o_o * T - a_o  # [BLOCK_R] 0-3: the row's first step is its window's column `shift`
+        a_o, shift = _window_start(o_o, T)
         o_t = o_c[None, :] - shift[:, None]
         m = m_r[:, None] & (o_t >= 0) & (o_t < T)
         # the columns whose 4-group holds a step of the row (the rest of such a group: the neighbouring rows)
@@ -415,6 +414,14 @@ def chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T: tl.constexpr, REVERSE: tl.constex
         m = m_r[:, None] & m_t[None, :]
         w = (m,)
     return o_t, m, w
+
+
+@triton.jit
+def _window_start(o_o, T):
+    """[BLOCK_R] each row's aligned window start, the 16-byte boundary at or before the row (in this form,
+    provably), and the row's first step's column in it (0-3)."""
+    a_o = o_o * T // 4 * 4
+    return a_o, o_o * T - a_o
 
 
 @triton.jit
@@ -467,15 +474,11 @@ def load_tile(base, o_o, o_i, o_t, s_o, s_t, s_i, m, ACC: tl.constexpr, w=None):
                 _, _, m_ld = w
                 b_x = tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=m_ld, other=0).to(ACC)
                 return tl.where(m, b_x, 0)
-        if len(w) == 2:
+        if len(w) == 5 and s_t == 1:  # whole groups of a window (vector loads), steps outside the row zeroed after
+            b_x = tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=w[4], other=0).to(ACC)
+            return _ungroup(tl.where(w[1], b_x, 0))
+        if len(w) == 2 or len(w) == 5:
             return _ungroup(tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=w[1], other=0).to(ACC))
-        if len(w) == 5:
-            if s_t == 1:  # whole groups (vector loads), the steps outside the row zeroed after
-                b_x = tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=w[4], other=0).to(ACC)
-                return _ungroup(tl.where(w[1], b_x, 0))
-            else:
-                return _ungroup(tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i, w), mask=w[1],
-                                        other=0).to(ACC))
     return tl.load(_tile_ptrs(base, o_o, o_i, o_t, s_o, s_t, s_i), mask=m, other=0).to(ACC)
 
 
@@ -1121,9 +1124,10 @@ def _descending(layout: Layout, cfg: dict, kernel_name: str, num_warps: int, fix
     """Whether a launch of a kernel in ``DESCENDING_KERNELS`` holds its tiles in scan order (``chunk``): one-row
     tiles (not look-back chunks) of at least 4 steps per thread, over batch-major rows that start on 16-byte
     boundaries the compiler can prove (T a multiple of 16, or of 4 and compiled for its length) or in aligned
-    windows (of at most ``DESCENDING_WINDOW_MAX_T`` steps for the kernels it names), every input contiguous along time or broadcast along it, and every tensor ``tensors`` 16-byte aligned.
-    Elsewhere the groups' accesses would be one element each, or their 4 steps in several threads, and Triton would
-    move every tile through shared memory to reverse its groups."""
+    windows (of at most ``DESCENDING_WINDOW_MAX_T`` steps for the kernels it names), every input contiguous along
+    time or broadcast along it, and every tensor ``tensors`` 16-byte aligned. Elsewhere the groups' accesses would
+    be one element each, or their 4 steps in several threads, and Triton would move every tile through shared memory
+    to reverse its groups."""
     if cfg["WINDOW"]:
         aligned = cfg["BLOCK_T"] <= DESCENDING_WINDOW_MAX_T.get(kernel_name, cfg["BLOCK_T"])
     else:
