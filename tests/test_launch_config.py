@@ -137,11 +137,11 @@ def test_descending_tiles_match_reference(algo, shape, dtype, storage, monkeypat
 @pytest.mark.parametrize("shape", [(6, 512, 1), (3, 1000, 11), (3, 1023, 1)], ids=["rows4", "inner11", "T1023"])
 def test_descending_tiles_only_in_one_row_tiles_of_aligned_rows(shape, monkeypatch):
     """Not in tiles of several rows (6 rows stand in for more than WIDE_MAX_ROWS), nor over time-major rows or rows
-    whose loads are one element each (1023 steps: no aligned window in a 1024-step tile), nor in another kernel
-    (V-trace has no such flag)."""
+    whose loads are one element each (1023 steps: no aligned window in a 1024-step tile), nor in a forward scan
+    (the traces' kernel has no such flag)."""
     monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 4)
     seen = _spy_launches(monkeypatch, "DESCENDING")
-    for algo in ("gae", "discounted", "vtrace"):
+    for algo in ("gae", "discounted", "vtrace", "traces"):
         _compare(algo, shape, "random", seed=1, with_state=False)
     assert seen and not any(seen), seen
 
@@ -154,6 +154,27 @@ def test_descending_tiles_shifted_gae(T, storage, monkeypatch):
     seen = _spy_launches(monkeypatch, "DESCENDING")
     x = with_last_value(make_rollout((3, T, 1), -2, "random", seed=T), -2)
     shifted_check("gae", x if storage is None else storage(x), "triton", output_final_state=True)
+    assert seen and all(bool(d) == (storage is None) for d in seen), seen
+
+
+@pytest.mark.parametrize("shifted", [False, True], ids=["next-values", "shifted"])
+@pytest.mark.parametrize("shape,dtype,storage", [
+    ((2, 1024, 1), torch.float32, None), ((2, 1024, 1), torch.float32, _offset_storage),
+    ((3, 1025, 1), torch.float32, None), ((2, 5008, 1), torch.float64, None), ((2, 2048, 1), torch.bfloat16, None)],
+    ids=["1024", "1024-offset", "1025-window", "5008-f64", "2048-bf16"])
+def test_descending_tiles_vtrace(shape, dtype, storage, shifted, monkeypatch):
+    """V-trace in ``DESCENDING`` tiles, both input modes, with carried states: vs_(t+1) from each 4-step group and
+    one read-back per group of the stored value target (``scan.stored_next_step``), or, where the value target is
+    not stored in float32 (bfloat16), h_(t+1) gathered one column back in scan order (``scan.next_column``); over
+    one chunk, aligned windows (1025 steps) and several chunks (float64: 2048-step tiles). Rows one element off
+    their 16-byte boundaries keep time order."""
+    seen = _spy_launches(monkeypatch, "DESCENDING")
+    if shifted:
+        x = with_last_value(make_rollout(shape, -2, "random", seed=shape[1]), -2)
+        x = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in x.items()}
+        shifted_check("vtrace", x if storage is None else storage(x), "triton", output_final_state=True)
+    else:
+        _compare("vtrace", shape, "random", seed=shape[1], with_state=True, dtype=dtype, storage=storage)
     assert seen and all(bool(d) == (storage is None) for d in seen), seen
 
 

@@ -204,8 +204,9 @@ TIME_MAJOR_KERNELS = frozenset({"_gae_fwd_kernel", "_vtrace_fwd_kernel"})
 # ``DESCENDING``, where ``launch``'s ``_descending`` finds the rows aligned): each 4-step group one 16-byte access,
 # reversed in its thread, and a forward scan, instead of Triton's reverse scan (sm_90 SASS of the kernels, 512 x 2048:
 # GAE 560 -> 496 instructions, 172 -> 24 shuffles, 5 -> 1 barriers; the discounted return 464 -> 392;
-# benchmarks/results/sm90_sass/descending.md).
-DESCENDING_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel"})
+# benchmarks/results/sm90_sass/descending.md). V-trace reads vs_(t+1) of each group's first step back from its
+# stored output (``stored_next_step``; 512 x 2048: 536 -> 448 instructions, 92 -> 12 shuffles).
+DESCENDING_KERNELS = frozenset({"_gae_fwd_kernel", "_td_lambda_fwd_kernel", "_vtrace_fwd_kernel"})
 # Over aligned windows only in tiles of at most this many steps, per kernel: GAE's windowed 4096-step tiles (16 warps)
 # were slower DESCENDING (H100, kernel µs: 512 x 2049 15.6 -> 18.2, 1000 x 2049 27.2 -> 32.9), its 2048-step ones
 # faster (1000 x 1025 16.2 -> 13.5), TD(lambda)'s faster in both (512 x 2049 14.0 -> 11.6;
@@ -599,13 +600,21 @@ def edge_column(b_h, REVERSE: tl.constexpr):
 
 
 @triton.jit
-def next_column(b_x, b_last):
+def next_column(b_x, b_last, DESCENDING: tl.constexpr = False):
     """The tile one step on along time: column j holds column j + 1 of ``b_x``, the last column ``b_last``
-    [BLOCK_R] (what follows the tile). A gather within the tile, which stays in the warp where a row does."""
+    [BLOCK_R] (what follows the tile). A gather within the tile, which stays in the warp where a row does. With
+    ``DESCENDING`` (a tile in scan order, time descending: ``chunk``) column j holds column j - 1, column 0
+    ``b_last``."""
     n: tl.constexpr = b_x.shape[1]
     o_c = tl.arange(0, n)
-    b_next = tl.gather(b_x, tl.broadcast_to(tl.minimum(o_c + 1, n - 1)[None, :], b_x.shape), 1)
-    return tl.where((o_c == n - 1)[None, :], b_last[:, None], b_next)
+    if DESCENDING:
+        o_on = tl.maximum(o_c - 1, 0)
+        o_edge: tl.constexpr = 0
+    else:
+        o_on = tl.minimum(o_c + 1, n - 1)
+        o_edge: tl.constexpr = n - 1
+    b_next = tl.gather(b_x, tl.broadcast_to(o_on[None, :], b_x.shape), 1)
+    return tl.where((o_c == o_edge)[None, :], b_last[:, None], b_next)
 
 
 @triton.jit
@@ -659,16 +668,20 @@ def _next_in_groups(base, b_x, o_o, o_i, s_o, s_t, s_i, T, ACC: tl.constexpr, w)
 
 
 @triton.jit
-def stored_next_step(base, o_o, o_i, o_t, T, inner, m, ACC: tl.constexpr):
-    """An output tile that this program has just stored (``store_tile``), read back one step on along time
+def stored_next_step(base, b_x, o_o, o_i, o_t, T, inner, m, ACC: tl.constexpr, w=None):
+    """An output tile ``b_x`` that this program has just stored (``store_tile``), read back one step on along time
     [BLOCK_R, BLOCK_T] as ACC (0 at t = T - 1), after a barrier that makes every thread's stores visible to all.
 
     For a reverse scan's tiles whose rows span several warps, where the gather one column on (``next_column``)
     converts the tile's layout through shared memory: the chunk after this one in time was stored by this same
     program, before this one, so every step t + 1 < T is there. Not for look-back chunks (another program stores
-    the chunk after). Exact where the output's dtype is ACC.
+    the chunk after). Exact where the output's dtype is ACC. A ``DESCENDING`` chunk (``w``) takes three of each
+    4-step group's values from ``b_x`` and reads back only the fourth (``_next_in_groups``).
     """
     tl.debug_barrier()
+    if w is not None:
+        if len(w) == 2 or len(w) == 5:
+            return _next_in_groups(base, b_x, o_o, o_i, T * inner, inner, 1, T, ACC, w)
     return tl.load(_tile_ptrs(base, o_o, o_i, o_t + 1, T * inner, inner, 1), mask=m & (o_t + 1 < T), other=0).to(ACC)
 
 

@@ -107,22 +107,22 @@ def _vtrace_fwd_kernel(
     SAME_FLAGS: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
     CUT_A: tl.constexpr, LOOKBACK: tl.constexpr, WINDOW: tl.constexpr, INT64: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, DESCENDING: tl.constexpr,
     SHIFTED: tl.constexpr, V_IN_TILE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     # SHIFTED: V' is v one step on, and nv holds the last value [*B, *F] (time stride 0), read at t = T - 1 only
     o_o, o_i, o_r, m_r, b_h, n_chunks, c_lo, c_hi = row_prologue(
         h0_ptr, lb_ptr, n_rows, inner, T, ACC, BLOCK_R, BLOCK_T, HAS_INITIAL_STATE, LOOKBACK, WINDOW, INT64, ONE_CHUNK)
     # V_IN_TILE: batch-major rows of several chunks, whose next step is the next element (``load_next_step``)
-    # VS_RELOAD: one row over several warps (with RELOAD_NARROW also rows sharing a warp), no look-back: vs_(t+1)
-    # read back from the output just stored (``stored_next_step``), not gathered one column on through shared memory
-    # (sm_90 SASS at 512 x 512: 536 -> 440 instructions, 13 -> 5 barriers, 64 -> 48 registers)
-    VS_RELOAD: tl.constexpr = (((BLOCK_R == 1 and BLOCK_T > WARP_LOCAL_T)
+    # VS_RELOAD: one row over several warps (with RELOAD_NARROW also rows sharing a warp; DESCENDING tiles), no
+    # look-back: vs_(t+1) read back from the output just stored (``stored_next_step``), not gathered one column on
+    # through shared memory (sm_90 SASS at 512 x 512: 536 -> 440 instructions, 13 -> 5 barriers, 64 -> 48 registers)
+    VS_RELOAD: tl.constexpr = (((BLOCK_R == 1 and BLOCK_T > WARP_LOCAL_T) or DESCENDING
                                 or (RELOAD_NARROW and BLOCK_T < WARP_LOCAL_T))
                                and not LOOKBACK and vs_ptr.dtype.element_ty == ACC)
     b_v_after = tl.zeros([BLOCK_R], dtype=ACC)  # [BLOCK_R] v at the first step of the chunk after this one
     for i_c in tl.range(c_lo, c_hi, num_stages=NUM_STAGES):
-        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64)
+        o_t, m, w = chunk(i_c, n_chunks, T, o_o, m_r, BLOCK_T, True, LOOKBACK, WINDOW, INT64, DESCENDING)
         b_rho, b_c, b_r, b_v, b_nd, b_nterm, b_g = _vtrace_step(
             lpi_ptr, lmu_ptr, r_ptr, v_ptr, d_ptr, term_ptr, gamma_ptr, rho_thresh_ptr, c_thresh_ptr,
             gamma, rho_thresh, c_thresh, o_o, o_i, o_t, m,
@@ -134,7 +134,7 @@ def _vtrace_fwd_kernel(
         )
         if SHIFTED:  # V'_t = V_(t+1), the last value at t = T - 1 [BLOCK_R, BLOCK_T]
             b_v1, b_v_after1 = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T, ACC,
-                                              V_IN_TILE, LOOKBACK, True)
+                                              V_IN_TILE, LOOKBACK, True, w)
             b_nv = last_step_value(b_v1, nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_i, m_r, T, ACC)
         else:
             b_nv = load_tile(nv_ptr, o_o, o_i, o_t, s_nv_o, s_nv_t, s_nv_i, m, ACC, w)  # [BLOCK_R, BLOCK_T]
@@ -142,17 +142,17 @@ def _vtrace_fwd_kernel(
         b_nv = zero_where(b_nv, b_nterm == 0)
         b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
         # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t, and the state entering the tile (h of the step after its last column)
-        b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, True, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK,
+        b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, not DESCENDING, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK,
                                              STORE_FINAL_STATE)
         # vs_(t+1) [BLOCK_R, BLOCK_T]; past the window end h_T + V'_(T-1); at a done step V'_t alone
         if VS_RELOAD:
             store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m, w)
-            b_vs1 = stored_next_step(vs_ptr, o_o, o_i, o_t, T, inner, m, ACC)
+            b_vs1 = stored_next_step(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m, ACC, w)
             b_vs1 = tl.where(o_t + 1 < T, b_vs1, b_enter[:, None] + b_nv)
         else:
-            # h_(t+1): the next column (masked columns past T hold the entering state), past the last one the
-            # entering state [BLOCK_R, BLOCK_T]
-            b_h1 = next_column(b_hc, b_enter)
+            # h_(t+1): the next column in time (in a DESCENDING tile the one before; masked columns past T hold the
+            # entering state), past the tile the entering state [BLOCK_R, BLOCK_T]
+            b_h1 = next_column(b_hc, b_enter, DESCENDING)
             # V_(t+1): the shifted mode has it from before the scan, but in tiles whose rows span several warps,
             # where it reads it again (``load_next_step``'s ``OWN_LOAD``). H100
             # (results/h100/bench_peers_vtrace_*.md): reading it again cost the 4 x 128 look-back chunks 512 x 4096
@@ -161,7 +161,7 @@ def _vtrace_fwd_kernel(
                 b_v_after = b_v_after1
             else:
                 b_v1, b_v_after = load_next_step(v_ptr, b_v, b_v_after, o_o, o_i, o_t, s_v_o, s_v_t, s_v_i, m, T,
-                                                 ACC, V_IN_TILE, LOOKBACK)
+                                                 ACC, V_IN_TILE, LOOKBACK, w=w)
             b_vs1 = b_h1 + tl.where(o_t + 1 < T, b_v1, b_nv)
         b_vs1 = tl.where(b_nd > 0.0, b_vs1, b_nv)  # [BLOCK_R, BLOCK_T]
         _, b_adv = _vtrace_coefficients(b_r, b_v, b_vs1, b_nd, b_nterm, b_g, b_rho, b_rho)
