@@ -346,10 +346,10 @@ PATCHES = {
     # the TD(lambda) kernel's 512-step one-row tiles on 8 warps (2 steps per thread: in time order), as before
     # scan.WIDE_TILE_WARPS gave them 4 (DESCENDING)
     "td512w8": {"WIDE_TILE_WARPS": {k: v for k, v in _scan.WIDE_TILE_WARPS.items() if k != "_td_lambda_fwd_kernel"}},
-    # V-trace's 512-step one-row tiles on 4 warps (4 steps per thread: DESCENDING), where scan.WIDE_TILE_WARPS gives
-    # them 8 (2 steps per thread: in time order)
-    "vt512w4": {"WIDE_TILE_WARPS": {**_scan.WIDE_TILE_WARPS,
-                                    "_vtrace_fwd_kernel": {**_scan.WIDE_TILE_WARPS["_vtrace_fwd_kernel"], 512: 4}}},
+    # V-trace's 512-step one-row tiles on 8 warps (2 steps per thread: in time order), as before scan.WIDE_TILE_WARPS
+    # gave them 4 (DESCENDING)
+    "vt512w8": {"WIDE_TILE_WARPS": {**_scan.WIDE_TILE_WARPS,
+                                    "_vtrace_fwd_kernel": {**_scan.WIDE_TILE_WARPS["_vtrace_fwd_kernel"], 512: 8}}},
     # one-row tiles of WIDE_LONG_T steps on 16 warps where they take few rows' warps (scan.WIDE_TILE_WARPS; main
     # at 100700f: 8)
     "long16": {"WIDE_TILE_WARPS": {k: {**_scan.WIDE_TILE_WARPS.get(k, {}), _scan.WIDE_LONG_T: 16}

@@ -58,7 +58,7 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
 @pytest.mark.parametrize("kernel,shape,warps", [
     ("_prefix_sum_fwd_kernel", (512, 512, 1), 4), ("_prefix_sum_fwd_kernel", (512, 2048, 1), 8),
     ("_gae_fwd_kernel", (64, 300, 1), 4), ("_gae_fwd_kernel", (512, 2048, 1), 8),
-    ("_vtrace_fwd_kernel", (512, 2048, 1), 16), ("_vtrace_fwd_kernel", (64, 512, 1), 8),
+    ("_vtrace_fwd_kernel", (512, 2048, 1), 16), ("_vtrace_fwd_kernel", (64, 512, 1), 4),
     ("_vtrace_fwd_kernel", (16, 3000, 1), 8),
     # the TD(lambda) kernel's 512-step tiles on 4 warps: 4 steps per thread, DESCENDING
     ("_td_lambda_fwd_kernel", (512, 512, 1), 4),
