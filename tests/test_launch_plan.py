@@ -337,8 +337,11 @@ CASES = {
     "states-float64": ({"dtype": torch.float64},
                        lambda x: {"initial_state": torch.randn(state_shape(x, -2), dtype=torch.float64).to(DEVICE),
                                   "output_final_state": True}, {}),
+    # chunks of 16 steps, of 2 segments of 8 in the segmented kernels (whose 32 x 128-step tiles the interpreter
+    # would walk for 40 steps)
     "look-back": ({"shape": (2, 40, 1)}, lambda x: {"output_final_state": True},
-                  {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 16}),
+                  {"LOOKBACK_MIN_T": 0, "LOOKBACK_MAX_ROWS": 10**9, "LOOKBACK_BLOCK_T": 16, "LOOKBACK_SEGMENTS": 2,
+                   "LOOKBACK_SEGMENT_T": 8}),
     "chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 16, "TILE_ELEMENTS": 32, "WIDE_MAX_ROWS": 0}),
     "wide-chunks": ({}, lambda x: {}, {"MAX_BLOCK_T": 8, "WIDE_MAX_T": 16, "WIDE_LONG_MAX_ROWS": {}}),
     # contiguous rows of 20 steps: T and the strides compile-time constants (scan._constant_length)
