@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 from rl_triton_torchrl.kernels import _triton, scan  # noqa: E402
 
 # Triton versions whose interpreter ``_patch_device_calls_once`` knows
-INTERPRETER_PATCH_ONCE = ("3.6.0",)
+INTERPRETER_PATCH_ONCE = ("3.6.0", "3.9.0")
 
 
 def _patch_device_calls_once() -> bool:

@@ -156,9 +156,9 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # 512-step ones on 4, 512 x 512 2.97 -> 2.85 and 2.84 -> 2.78 in its shifted mode, 64 x 512 1.70 -> 1.61 (its 2048-step
 # ones level on 16; 512 x 4096, rows of two 2048-step tiles, 13.9 -> 19.6: not taken); V-trace's 2048-step ones on 16,
 # 512 x 2048 9.66 -> 8.56, in its shifted mode 11.84 -> 9.02 with those tiles instead of 1024-step ones (its 512-step
-# ones on 4 slower in its shifted mode then: 64 x 512 2.05 -> 2.62). With DESCENDING tiles (4 steps per thread) V-trace's
-# 512-step ones are faster on 4 (H100, benchmarks/results/h100/ablate_vtrace_descending_a9a083e.md, kernel µs: 512 x 512
-# 5.4 -> 5.0, in its shifted mode 5.0 -> 4.6; 64 x 512 2.5 -> 2.4 and 2.5 -> 2.3).
+# ones on 4 slower in its shifted mode then: 64 x 512 2.05 -> 2.62). With DESCENDING tiles (4 steps per thread)
+# V-trace's 512-step ones are faster on 4 (H100, benchmarks/results/h100/ablate_vtrace_descending_a9a083e.md, kernel
+# µs: 512 x 512 5.4 -> 5.0, in its shifted mode 5.0 -> 4.6; 64 x 512 2.5 -> 2.4 and 2.5 -> 2.3).
 # Tried and not taken (bench_peers_rule_2e98857.md): from 512 rows on, 4 warps and tiles half as wide. By the 50-call
 # graph (sweep_lookback_wide.md) V-trace 1.1-1.3x faster at 512-1024 rows of 1024-2048 steps (512 x 2048 16.1 ->
 # 12.9 µs) and GAE up to 1.2x, but rows just past a tile (T = 1025, 2047: misaligned, one more chunk walked in turn)

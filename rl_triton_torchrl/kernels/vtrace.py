@@ -142,12 +142,13 @@ def _vtrace_fwd_kernel(
         b_nv = zero_where(b_nv, b_nterm == 0)
         b_a, b_b = _vtrace_coefficients(b_r, b_v, b_nv, b_nd, b_nterm, b_g, b_rho, b_c)
         # [BLOCK_R, BLOCK_T] h_t = vs_t - V_t, and the state entering the tile (h of the step after its last column)
-        b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, not DESCENDING, CUT_A, lb_ptr, o_r, i_c, n_chunks, LOOKBACK,
-                                             STORE_FINAL_STATE)
+        b_hc, b_h, b_enter = scan_tile_enter(b_a, b_b, b_h, m, not DESCENDING, CUT_A, lb_ptr, o_r, i_c, n_chunks,
+                                             LOOKBACK, STORE_FINAL_STATE)
         # vs_(t+1) [BLOCK_R, BLOCK_T]; past the window end h_T + V'_(T-1); at a done step V'_t alone
         if VS_RELOAD:
-            store_tile(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m, w)
-            b_vs1 = stored_next_step(vs_ptr, b_hc + b_v, o_o, o_i, o_t, T, inner, m, ACC, w)
+            b_vs = b_hc + b_v  # [BLOCK_R, BLOCK_T]
+            store_tile(vs_ptr, b_vs, o_o, o_i, o_t, T, inner, m, w)
+            b_vs1 = stored_next_step(vs_ptr, b_vs, o_o, o_i, o_t, T, inner, m, ACC, w)
             b_vs1 = tl.where(o_t + 1 < T, b_vs1, b_enter[:, None] + b_nv)
         else:
             # h_(t+1): the next column in time (in a DESCENDING tile the one before; masked columns past T hold the
