@@ -116,11 +116,12 @@ def test_nearly_full_4096_step_tiles_match_reference(algo, kernel, T, monkeypatc
     _compare(algo, (3, T, 1), "random", seed=T, with_state=True)
 
 
-@pytest.mark.parametrize("storage", [None, _offset_storage], ids=["aligned", "offset"])
-@pytest.mark.parametrize("shape,dtype", [((2, 512, 1), torch.float32), ((3, 1000, 1), torch.float32),
-                                         ((2, 2048, 1), torch.float32), ((2, 3000, 1), torch.float32),
-                                         ((3, 1025, 1), torch.float32), ((2, 2049, 1), torch.float32),
-                                         ((2, 5008, 1), torch.float64), ((2, 1024, 1), torch.bfloat16)])
+@pytest.mark.parametrize("shape,dtype,storage", [
+    ((2, 512, 1), torch.float32, None), ((3, 1000, 1), torch.float32, None), ((2, 2048, 1), torch.float32, None),
+    ((2, 3000, 1), torch.float32, None), ((3, 1025, 1), torch.float32, None), ((2, 2049, 1), torch.float32, None),
+    ((2, 5008, 1), torch.float64, None), ((2, 1024, 1), torch.bfloat16, None),
+    ((2, 512, 1), torch.float32, _offset_storage), ((3, 1025, 1), torch.float32, _offset_storage)],
+    ids=["512", "1000", "2048", "3000", "1025", "2049", "5008-f64", "1024-bf16", "512-offset", "1025-offset"])
 @pytest.mark.parametrize("algo", ["gae", "td_lambda", "td_lambda_adv_vt", "discounted", "td1"])
 def test_descending_tiles_match_reference(algo, shape, dtype, storage, monkeypatch):
     """Reverse scans' one-row tiles held in scan order (``DESCENDING``: 4-step groups reversed in their threads, a
