@@ -135,14 +135,13 @@ def test_descending_tiles_match_reference(algo, shape, dtype, storage, monkeypat
     assert seen and all(d is expected for d in seen), seen
 
 
-@pytest.mark.parametrize("shape", [(6, 512, 1), (3, 1000, 11), (3, 1023, 1)], ids=["rows4", "inner11", "T1023"])
+@pytest.mark.parametrize("shape", [(6, 512, 1), (3, 1000, 3), (3, 1023, 1)], ids=["rows4", "inner3", "T1023"])
 def test_descending_tiles_only_in_one_row_tiles_of_aligned_rows(shape, monkeypatch):
     """Not in tiles of several rows (6 rows stand in for more than WIDE_MAX_ROWS), nor over time-major rows or rows
-    whose loads are one element each (1023 steps: no aligned window in a 1024-step tile), nor in a forward scan
-    (the traces' kernel has no such flag)."""
+    whose loads are one element each (1023 steps: no aligned window in a 1024-step tile)."""
     monkeypatch.setattr(scan, "WIDE_MAX_ROWS", 4)
     seen = _spy_launches(monkeypatch, "DESCENDING")
-    for algo in ("gae", "discounted", "vtrace", "traces"):
+    for algo in ("gae", "discounted", "vtrace"):
         _compare(algo, shape, "random", seed=1, with_state=False)
     assert seen and not any(seen), seen
 
