@@ -4,12 +4,21 @@ device memory of a call, which must not exceed its outputs plus a small workspac
     python -m pytest tests/test_scale.py -m gpu_scale -s -q
 
 prints one ``SCALE`` line per call (shape, input and output sizes, the memory a call takes beyond its inputs, time).
-The 2^31 tests need about 50 GiB of GPU memory.
+The 2^31 tests need about 50 GiB of GPU memory. Under pytest-xdist they take turns (``_one_at_a_time``): on one
+80 GB card 14 workers running them at once ran out of memory.
 """
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: no lock there
+    fcntl = None
 
 from _algos import TABLE, as_tuple, state_shape
 from _helpers import assert_close
@@ -25,6 +34,22 @@ GiB, MiB = 2**30, 2**20
 ROWS, STEPS = 2**16 + 1, 2**15 + 1  # 2_147_581_953 elements, just over 2^31 = 2_147_483_648
 WORKSPACE = 16 * MiB  # what a fused call may allocate beyond its outputs (allocator rounding)
 N_ACTIONS = 3
+
+
+@pytest.fixture(autouse=True)
+def _one_at_a_time():
+    """Holds an exclusive lock on a file shared by every pytest process of this machine for the test's duration,
+    so that no two scale tests share the GPU (each needs most of its memory). Uncontended in a single process."""
+    if fcntl is None:
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), f"rl_triton_torchrl_gpu_scale_{os.getuid()}.lock")
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _bytes(tensors) -> int:
