@@ -73,6 +73,10 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``onechunkpa``: ``retrace_discrete``'s load per action compiled without its chunk loop in rows of one chunk
   (``retrace.ONE_CHUNK_PER_ACTION``), as when it read wrong values on an H200 at 16d0127; with ``nogroup`` every
   action count takes that path.
+- ``rdw4``: ``retrace_discrete``'s one-row tiles of 512 and 1024 steps on 4 warps (``scan.WIDE_TILE_WARPS``; main:
+  8, 2-4 steps per thread); ``rdw16``: its 1024- and 2048-step ones on 16 (main: 8).
+- ``rdrow2``: ``retrace_discrete``'s 128-step row tiles of at most 1024 rows in 2 rows per program on 2 warps (main:
+  4 rows on 4 warps; ``row128`` takes one row on one warp for every kernel).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
 
 Per cell: device time as in ``bench_kernels.py`` (do_bench median of a replayed one-call CUDA graph, L2 flushed),
@@ -295,6 +299,16 @@ def _launch_config_row128(layout, kernel_name=None, shifted=False):
     return cfg
 
 
+def _launch_config_rdrow2(layout, kernel_name=None, shifted=False):
+    # retrace_discrete's 128-step row tiles of at most 1024 rows: 2 rows per program on 2 warps (main: 4 on 4)
+    cfg = _LAUNCH_CONFIG(layout, kernel_name, shifted)
+    if (kernel_name == "_retrace_discrete_fwd_kernel" and cfg["BLOCK_T"] == _scan.MAX_BLOCK_T
+            and layout.T <= _scan.MAX_BLOCK_T and layout.rows <= 1024 and not cfg["LOOKBACK"] and cfg["BLOCK_R"] > 2):
+        cfg.update(grid=(-(-layout.rows // 2),), BLOCK_R=2, num_warps=2)
+        cfg.pop("maxnreg", None)
+    return cfg
+
+
 PATCHES = {
     "fwdfake": {"scan_tile_enter": _scan_tile_enter_fwdfake},
     "noscan": {"scan_tile": _scan_tile_noscan, "scan_tile_enter": _scan_tile_enter_noscan},
@@ -363,6 +377,10 @@ PATCHES = {
     # retrace_discrete's load per action without its chunk loop in rows of one chunk, as at f6ebe50-16d0127
     # (retrace.ONE_CHUNK_PER_ACTION; main keeps the loop there)
     "onechunkpa": {"ONE_CHUNK_PER_ACTION": tl.constexpr(True)},
+    # retrace_discrete's one-row tiles on fewer or more warps than WIDE_WARPS (8, its tiles of every width on main)
+    "rdw4": {"WIDE_TILE_WARPS": {**_scan.WIDE_TILE_WARPS, "_retrace_discrete_fwd_kernel": {512: 4, 1024: 4}}},
+    "rdw16": {"WIDE_TILE_WARPS": {**_scan.WIDE_TILE_WARPS, "_retrace_discrete_fwd_kernel": {1024: 16, 2048: 16}}},
+    "rdrow2": {"launch_config": _launch_config_rdrow2},
 }
 
 
