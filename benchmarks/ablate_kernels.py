@@ -73,8 +73,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
 - ``onechunkpa``: ``retrace_discrete``'s load per action compiled without its chunk loop in rows of one chunk
   (``retrace.ONE_CHUNK_PER_ACTION``), as when it read wrong values on an H200 at 16d0127; with ``nogroup`` every
   action count takes that path.
-- ``rdw4``: ``retrace_discrete``'s one-row tiles of 512 and 1024 steps on 4 warps (``scan.WIDE_TILE_WARPS``; main:
-  8, 2-4 steps per thread); ``rdw16``: its 1024- and 2048-step ones on 16 (main: 8).
+- ``rdw4``: ``retrace_discrete``'s 512-step one-row tiles on 4 warps (``scan.WIDE_TILE_WARPS``; main: 8, 2 steps
+  per thread); ``rdw16``: its 1024- and 2048-step ones on 16 (main: 8); ``rdw16all``: its 512-step ones too.
 - ``rdrow2``: ``retrace_discrete``'s 128-step row tiles of at most 1024 rows in 2 rows per program on 2 warps (main:
   4 rows on 4 warps; ``row128`` takes one row on one warp for every kernel).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
@@ -378,8 +378,10 @@ PATCHES = {
     # (retrace.ONE_CHUNK_PER_ACTION; main keeps the loop there)
     "onechunkpa": {"ONE_CHUNK_PER_ACTION": tl.constexpr(True)},
     # retrace_discrete's one-row tiles on fewer or more warps than WIDE_WARPS (8, its tiles of every width on main)
-    "rdw4": {"WIDE_TILE_WARPS": {**_scan.WIDE_TILE_WARPS, "_retrace_discrete_fwd_kernel": {512: 4, 1024: 4}}},
+    "rdw4": {"WIDE_TILE_WARPS": {**_scan.WIDE_TILE_WARPS, "_retrace_discrete_fwd_kernel": {512: 4}}},
     "rdw16": {"WIDE_TILE_WARPS": {**_scan.WIDE_TILE_WARPS, "_retrace_discrete_fwd_kernel": {1024: 16, 2048: 16}}},
+    "rdw16all": {"WIDE_TILE_WARPS": {**_scan.WIDE_TILE_WARPS,
+                                     "_retrace_discrete_fwd_kernel": {512: 16, 1024: 16, 2048: 16}}},
     "rdrow2": {"launch_config": _launch_config_rdrow2},
 }
 
