@@ -74,7 +74,8 @@ any kernel compiles; every algorithm kernel picks the replacement up, since they
   (``retrace.ONE_CHUNK_PER_ACTION``), as when it read wrong values on an H200 at 16d0127; with ``nogroup`` every
   action count takes that path.
 - ``rdw4``: ``retrace_discrete``'s 512-step one-row tiles on 4 warps (``scan.WIDE_TILE_WARPS``; main: 8, 2 steps
-  per thread); ``rdw16``: its 1024- and 2048-step ones on 16 (main: 8); ``rdw16all``: its 512-step ones too.
+  per thread); ``rdw16``: its 1024- and 2048-step ones on 16 (main: 2048-step ones only); ``rdw16all``: its
+  512-step ones too; ``rd2048w8``: its 2048-step ones on 8, as before main gave them 16.
 - ``rdrow2``: ``retrace_discrete``'s 128-step row tiles of at most 1024 rows in 2 rows per program on 2 warps (main:
   4 rows on 4 warps; ``row128`` takes one row on one warp for every kernel).
 - ``i32_stream``, ``noscan_i32``, ...: several at once.
@@ -383,6 +384,9 @@ PATCHES = {
     "rdw16all": {"WIDE_TILE_WARPS": {**_scan.WIDE_TILE_WARPS,
                                      "_retrace_discrete_fwd_kernel": {512: 16, 1024: 16, 2048: 16}}},
     "rdrow2": {"launch_config": _launch_config_rdrow2},
+    # retrace_discrete's 2048-step one-row tiles on 8 warps, as before scan.WIDE_TILE_WARPS gave them 16
+    "rd2048w8": {"WIDE_TILE_WARPS": {k: v for k, v in _scan.WIDE_TILE_WARPS.items()
+                                     if k != "_retrace_discrete_fwd_kernel"}},
 }
 
 

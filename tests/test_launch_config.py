@@ -67,7 +67,11 @@ def test_few_rows_get_one_wide_tile_per_row(shape, block_t, warps, vtrace_block_
     ("_prefix_sum_fwd_kernel", (1000, 512, 1), 4), ("_vtrace_fwd_kernel", (1000, 2048, 1), 4),
     ("_td_lambda_fwd_kernel", (1000, 4096, 1), 8), ("_prefix_sum_fwd_kernel", (1024, 3584, 1), 8),
     ("_gae_fwd_kernel", (1024, 4096, 1), 16), ("_gae_fwd_kernel", (1024, 4095, 1), 8),
-    ("_td_lambda_fwd_kernel", (1024, 2048, 1), 4)])
+    ("_td_lambda_fwd_kernel", (1024, 2048, 1), 4),
+    # retrace_discrete's 2048-step tiles on 16 warps, its narrower ones on WIDE_WARPS
+    ("_retrace_discrete_fwd_kernel", (512, 2048, 1), 16), ("_retrace_discrete_fwd_kernel", (16, 3000, 1), 16),
+    ("_retrace_discrete_fwd_kernel", (512, 512, 1), 8), ("_retrace_discrete_fwd_kernel", (128, 1024, 1), 8),
+    ("_retrace_discrete_fwd_kernel", (1000, 2048, 1), 4)])
 def test_one_row_tiles_take_their_kernels_warps(kernel, shape, warps):
     """One-row tiles take WIDE_WARPS warps, or WIDE_TILE_WARPS' number for their kernel and width (the H200 A/B of
     af85518), up to WIDE_FEW_WARPS_ROWS rows, 4 above; WIDE_LONG_T-step ones at any number of rows, WIDE_WARPS in

@@ -9,6 +9,7 @@ The 2^31 tests need about 50 GiB of GPU memory. Under pytest-xdist they take tur
 """
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 
@@ -39,7 +40,8 @@ N_ACTIONS = 3
 @pytest.fixture(autouse=True)
 def _one_at_a_time():
     """Holds an exclusive lock on a file shared by every pytest process of this machine for the test's duration,
-    so that no two scale tests share the GPU (each needs most of its memory). Uncontended in a single process."""
+    so that no two scale tests share the GPU (each needs most of its memory), and returns the memory the test's
+    process cached before the next one's turn. Uncontended in a single process."""
     if fcntl is None:
         yield
         return
@@ -49,6 +51,9 @@ def _one_at_a_time():
         try:
             yield
         finally:
+            # H100, 6 workers: a worker done with its test kept 50 GiB cached, and the next test ran out of memory
+            gc.collect()
+            torch.cuda.empty_cache()
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 

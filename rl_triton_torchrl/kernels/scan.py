@@ -158,7 +158,12 @@ SHORT_MIN_T, SHORT_T, SHORT_BLOCK_R, SHORT_WARPS = 5, 8, 16, 4
 # 512 x 2048 9.66 -> 8.56, in its shifted mode 11.84 -> 9.02 with those tiles instead of 1024-step ones (its 512-step
 # ones on 4 slower in its shifted mode then: 64 x 512 2.05 -> 2.62). With DESCENDING tiles (4 steps per thread)
 # V-trace's 512-step ones are faster on 4 (H100, benchmarks/results/h100/ablate_vtrace_descending_a9a083e.md, kernel
-# µs: 512 x 512 5.4 -> 5.0, in its shifted mode 5.0 -> 4.6; 64 x 512 2.5 -> 2.4 and 2.5 -> 2.3).
+# µs: 512 x 512 5.4 -> 5.0, in its shifted mode 5.0 -> 4.6; 64 x 512 2.5 -> 2.4 and 2.5 -> 2.3). retrace_discrete's
+# 2048-step ones on 16 (H100, benchmarks/results/h100/ablate_rd_warps_872cbe7/, 50-call graph µs: 512 x 2048 48.8 ->
+# 39.4 with truncations, 38.5 -> 30.0 in its shifted mode; sm_90 142 -> 60 registers, 5 -> 1 barriers); on 16 its
+# 1024-step ones were mixed (128 x 1024 4.86 -> 4.60, 256 x 1024 in its shifted mode 5.74 -> 6.55), its 512-step ones
+# slower (512 x 512 6.56 -> 10.1), and on 4 its 512-step ones faster in its shifted mode only (6.20 -> 5.49; 6.56 ->
+# 6.78 with next values): those keep WIDE_WARPS.
 # Tried and not taken (bench_peers_rule_2e98857.md): from 512 rows on, 4 warps and tiles half as wide. By the 50-call
 # graph (sweep_lookback_wide.md) V-trace 1.1-1.3x faster at 512-1024 rows of 1024-2048 steps (512 x 2048 16.1 ->
 # 12.9 µs) and GAE up to 1.2x, but rows just past a tile (T = 1025, 2047: misaligned, one more chunk walked in turn)
@@ -167,7 +172,8 @@ WIDE_MAX_ROWS, WIDE_MAX_T, WIDE_WARPS, WIDE_FEW_WARPS_ROWS = 1024, 2048, 8, 512
 WIDE_4_WARPS_MAX_T = {"_vtrace_fwd_kernel": 1024}
 WIDE_SHIFTED_MAX_T = {"_vtrace_fwd_kernel": 2048}
 WIDE_TILE_WARPS = {"_prefix_sum_fwd_kernel": {512: 4}, "_gae_fwd_kernel": {512: 4, 4096: 16},
-                   "_td_lambda_fwd_kernel": {512: 4}, "_vtrace_fwd_kernel": {512: 4, 2048: 16}}
+                   "_td_lambda_fwd_kernel": {512: 4}, "_vtrace_fwd_kernel": {512: 4, 2048: 16},
+                   "_retrace_discrete_fwd_kernel": {2048: 16}}
 # At most WIDE_LONG_MAX_ROWS[kernel] rows of WIDE_MAX_T + 1 to WIDE_LONG_T steps (2049-4096; from LOOKBACK_MIN_T
 # steps only where the look-back does not take the rows) with float32 accumulation: one tile of WIDE_LONG_T steps
 # instead of two walked in turn. On their kernel's warps at any number of rows (not 4 above WIDE_FEW_WARPS_ROWS), GAE's
